@@ -1,0 +1,3 @@
+from ckpt_tools.cli.app import main
+
+main()

@@ -1,0 +1,88 @@
+"""The Typer application object, the error boundary, and the entry point.
+
+Command modules register themselves on :data:`app` when imported; :func:`main` imports them
+all. Each command body runs inside :func:`handled`, which turns a :class:`CkptError` into
+one line on stderr and the documented exit code - never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from ckpt_tools import __version__
+from ckpt_tools.errors import CkptError
+
+# One module per command; each adds itself to ``app`` at import time.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 fine; 1 checks failed (unhealthy / not resumable); 2 bad usage;"
+    " 3 missing, corrupt or unsafe input; 4 output could not be written; 5 Hub upload failed."
+)
+
+app = typer.Typer(
+    name="ckpt-tools",
+    help="Inspect, convert, plan and verify PyTorch DCP / safetensors checkpoints - no torch needed.\n\n"
+    + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ckpt-tools {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+    ),
+) -> None:
+    """Checkpoint tools for DDP / FSDP2 / HSDP runs."""
+
+
+def fail(error: CkptError) -> typer.Exit:
+    """Print ``error`` as one line on stderr and return the Exit to raise."""
+    typer.echo(f"error: {error}", err=True)
+    return typer.Exit(code=int(error.exit_code))
+
+
+def handled(func: F) -> F:
+    """Wrap a command body so user-facing errors become one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except CkptError as e:
+            raise fail(e) from None
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted", err=True)
+            raise typer.Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def emit_json(payload: Any) -> None:
+    """Machine output: one JSON document on stdout."""
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def main() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+    app()

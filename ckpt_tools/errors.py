@@ -1,0 +1,68 @@
+"""Exceptions whose messages are written for the person at the terminal.
+
+Every failure a user can cause (a bad flag, a broken or hostile checkpoint, a full disk)
+is raised as a :class:`CkptError` subclass carrying one line that says what is wrong and,
+where it helps, what to do. The CLIs print that line and exit with the class's code; they
+never show a traceback for these. Anything else escaping is a bug in ckpt_tools.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes shared by every command (documented in README and --help)."""
+
+    OK = 0
+    CHECK_FAILED = 1  # the command ran, and its verdict is "no" (unhealthy, not resumable)
+    USAGE = 2  # bad flags or option values (also what Typer/click use)
+    BAD_INPUT = 3  # the input is missing, incomplete, corrupt, or unsafe to read
+    WRITE_FAILED = 4  # the output could not be written (disk full, permissions); inputs untouched
+    HUB_FAILED = 5  # publishing to the Hugging Face Hub failed; local files untouched
+
+
+class CkptError(Exception):
+    """Base class: ``str(error)`` is the single line shown to the user."""
+
+    exit_code: ExitCode = ExitCode.BAD_INPUT
+
+
+class UsageError(CkptError):
+    """A flag or option value that cannot work; the message names the flag."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    """A training configuration refused at start-up (bad flag, bad combination, bad env)."""
+
+
+class CheckpointError(CkptError):
+    """A checkpoint (or part of one) that is missing, incomplete or inconsistent."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class CorruptCheckpoint(CheckpointError):
+    """Bytes on disk that do not match what the metadata promises."""
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """A file that tries to do something a checkpoint must never do (run code, escape its dir)."""
+
+
+class LegacyCheckpoint(CheckpointError):
+    """A 0.6.x-era sharded checkpoint: its weights load, its training state cannot resume."""
+
+
+class WriteError(CkptError):
+    """Writing the output failed; nothing partial was left behind and the inputs are intact."""
+
+    exit_code = ExitCode.WRITE_FAILED
+
+
+class HubError(CkptError):
+    """A Hub operation failed; the local files are intact and a retry is safe."""
+
+    exit_code = ExitCode.HUB_FAILED

@@ -1,0 +1,254 @@
+"""The checkpoint layout of SPEC §4: every file and directory name, defined once.
+
+Both halves of the project go through this module: the training core writes with these
+names, and the tools find things with them. Discovery (:func:`locate`) turns whatever path
+a user typed (checkpoints root, ``last``, a step dir, ``pretrained_model/``, a DCP dir or a
+``.safetensors`` file) into a :class:`Located` record saying what it is.
+
+    checkpoints/
+    ├── 005000/
+    │   ├── pretrained_model/   config.json, train_config.json, model.safetensors,
+    │   │                       pytorch_model_fsdp_0/, policy_{pre,post}processor*.…
+    │   └── training_state/     optimizer_*, rng_state, scheduler, scaler, training_step.json
+    └── last -> 005000
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpt_tools.errors import CheckpointError
+
+# Directories
+CHECKPOINTS_DIR = "checkpoints"
+LAST_LINK = "last"
+PRETRAINED_MODEL_DIR = "pretrained_model"
+TRAINING_STATE_DIR = "training_state"
+
+# pretrained_model/
+POLICY_CONFIG = "config.json"
+TRAIN_CONFIG = "train_config.json"
+MODEL_WEIGHTS = "model.safetensors"
+MODEL_WEIGHTS_INDEX = "model.safetensors.index.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+MODEL_DCP_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + "_0"
+MODEL_DCP_KEY = "model"  # top-level key inside the model DCP state dict (accelerate's)
+PREPROCESSOR = "policy_preprocessor"
+POSTPROCESSOR = "policy_postprocessor"
+
+# training_state/
+OPTIMIZER_DCP_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + "_0"
+OPTIMIZER_DCP_KEY = "optimizer"
+OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
+OPTIMIZER_STATE = "optimizer_state.safetensors"
+RNG_STATE = "rng_state.safetensors"
+SCHEDULER_STATE = "scheduler_state.json"
+SCALER_STATE = "scaler_state.json"
+TRAINING_STEP = "training_step.json"
+
+# Inside a DCP directory
+DCP_METADATA = ".metadata"
+DCP_SHARD_SUFFIX = ".distcp"
+
+# A save in progress lives in a hidden sibling of its final name until it is complete.
+PARTIAL_PREFIX = "."
+PARTIAL_SUFFIX = ".partial"
+
+_STEP_DIR_RE = re.compile(r"^\d{6,}$")
+
+
+class CheckpointFormat(str, enum.Enum):
+    """What ``pretrained_model/`` holds for the weights of a sharded run."""
+
+    SAFETENSORS = "safetensors"
+    DCP = "dcp"
+    SAFETENSORS_DCP = "safetensors_dcp"
+
+    @property
+    def has_gathered(self) -> bool:
+        return self in (CheckpointFormat.SAFETENSORS, CheckpointFormat.SAFETENSORS_DCP)
+
+    @property
+    def has_dcp(self) -> bool:
+        return self in (CheckpointFormat.DCP, CheckpointFormat.SAFETENSORS_DCP)
+
+
+def step_dir_name(step: int, total_steps: int = 0) -> str:
+    """Zero-padded step directory name: at least six digits, wider for longer runs."""
+    width = max(6, len(str(total_steps)))
+    return f"{step:0{width}d}"
+
+
+def partial_dir_name(final_name: str) -> str:
+    """Name of the hidden directory a save writes into before it is renamed into place."""
+    return f"{PARTIAL_PREFIX}{final_name}{PARTIAL_SUFFIX}"
+
+
+def is_step_dir_name(name: str) -> bool:
+    return bool(_STEP_DIR_RE.match(name))
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    """Every path inside one checkpoint step directory."""
+
+    root: Path
+
+    @property
+    def step(self) -> int | None:
+        return int(self.root.name) if is_step_dir_name(self.root.name) else None
+
+    @property
+    def pretrained_model(self) -> Path:
+        return self.root / PRETRAINED_MODEL_DIR
+
+    @property
+    def training_state(self) -> Path:
+        return self.root / TRAINING_STATE_DIR
+
+    @property
+    def policy_config(self) -> Path:
+        return self.pretrained_model / POLICY_CONFIG
+
+    @property
+    def train_config(self) -> Path:
+        return self.pretrained_model / TRAIN_CONFIG
+
+    @property
+    def model_weights(self) -> Path:
+        return self.pretrained_model / MODEL_WEIGHTS
+
+    @property
+    def adapter_weights(self) -> Path:
+        return self.pretrained_model / ADAPTER_WEIGHTS
+
+    @property
+    def adapter_config(self) -> Path:
+        return self.pretrained_model / ADAPTER_CONFIG
+
+    @property
+    def model_dcp(self) -> Path:
+        return self.pretrained_model / MODEL_DCP_DIR
+
+    @property
+    def optimizer_dcp(self) -> Path:
+        return self.training_state / OPTIMIZER_DCP_DIR
+
+    @property
+    def optimizer_param_groups(self) -> Path:
+        return self.training_state / OPTIMIZER_PARAM_GROUPS
+
+    @property
+    def optimizer_state(self) -> Path:
+        return self.training_state / OPTIMIZER_STATE
+
+    @property
+    def rng_state(self) -> Path:
+        return self.training_state / RNG_STATE
+
+    @property
+    def scheduler_state(self) -> Path:
+        return self.training_state / SCHEDULER_STATE
+
+    @property
+    def scaler_state(self) -> Path:
+        return self.training_state / SCALER_STATE
+
+    @property
+    def training_step(self) -> Path:
+        return self.training_state / TRAINING_STEP
+
+    def processor_files(self) -> list[Path]:
+        """The ``policy_{pre,post}processor*`` files present in ``pretrained_model/``."""
+        if not self.pretrained_model.is_dir():
+            return []
+        return sorted(p for p in self.pretrained_model.iterdir() if p.name.startswith((PREPROCESSOR, POSTPROCESSOR)))
+
+
+class PathKind(str, enum.Enum):
+    CHECKPOINTS_ROOT = "checkpoints_root"
+    STEP_DIR = "step_dir"
+    PRETRAINED_MODEL = "pretrained_model"
+    TRAINING_STATE = "training_state"
+    DCP_DIR = "dcp_dir"
+    SAFETENSORS_FILE = "safetensors_file"
+
+
+@dataclass(frozen=True)
+class Located:
+    """What a user-supplied path turned out to be, and the step directory it belongs to."""
+
+    path: Path
+    kind: PathKind
+    step: StepPaths | None = None  # the step dir the path is in, when there is one
+    checkpoints_root: Path | None = None
+
+
+def list_step_dirs(checkpoints_root: Path) -> list[Path]:
+    """Complete step directories under a checkpoints root, oldest first (partials skipped)."""
+    if not checkpoints_root.is_dir():
+        return []
+    steps = [p for p in checkpoints_root.iterdir() if p.is_dir() and is_step_dir_name(p.name)]
+    return sorted(steps, key=lambda p: int(p.name))
+
+
+def list_partial_dirs(checkpoints_root: Path) -> list[Path]:
+    """Saves that never completed (left by a crash); never read as checkpoints."""
+    if not checkpoints_root.is_dir():
+        return []
+    return sorted(
+        p for p in checkpoints_root.iterdir() if p.name.startswith(PARTIAL_PREFIX) and p.name.endswith(PARTIAL_SUFFIX)
+    )
+
+
+def resolve_last(checkpoints_root: Path) -> Path | None:
+    """The step directory ``last`` points at, or None when there is no usable ``last``."""
+    link = checkpoints_root / LAST_LINK
+    if not link.is_symlink() and not link.is_dir():
+        return None
+    target = link.resolve()
+    return target if target.is_dir() else None
+
+
+def _looks_like_step_dir(path: Path) -> bool:
+    return (path / PRETRAINED_MODEL_DIR).is_dir() or (path / TRAINING_STATE_DIR).is_dir()
+
+
+def locate(path: str | os.PathLike[str]) -> Located:
+    """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_file():
+        if p.name.endswith(".safetensors"):
+            step = _enclosing_step(p.parent)
+            return Located(p, PathKind.SAFETENSORS_FILE, step)
+        if p.name == TRAIN_CONFIG or p.name == POLICY_CONFIG:
+            return locate(p.parent)
+        if p.name == DCP_METADATA:
+            return locate(p.parent)
+        raise CheckpointError(f"{p}: not a checkpoint file (expected a .safetensors file or a directory)")
+    if (p / DCP_METADATA).exists() or any(p.glob(f"*{DCP_SHARD_SUFFIX}")):
+        return Located(p, PathKind.DCP_DIR, _enclosing_step(p.parent.parent))
+    if p.name == PRETRAINED_MODEL_DIR or ((p / POLICY_CONFIG).exists() and not _looks_like_step_dir(p)):
+        return Located(p, PathKind.PRETRAINED_MODEL, _enclosing_step(p.parent))
+    if p.name == TRAINING_STATE_DIR or (p / TRAINING_STEP).exists():
+        return Located(p, PathKind.TRAINING_STATE, _enclosing_step(p.parent))
+    if _looks_like_step_dir(p):
+        return Located(p, PathKind.STEP_DIR, StepPaths(p), p.parent)
+    if (p / LAST_LINK).exists() or list_step_dirs(p) or list_partial_dirs(p):
+        return Located(p, PathKind.CHECKPOINTS_ROOT, None, p)
+    if (p / CHECKPOINTS_DIR).is_dir():
+        return locate(p / CHECKPOINTS_DIR)
+    raise CheckpointError(
+        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata or checkpoints/ found)"
+    )
+
+
+def _enclosing_step(candidate: Path) -> StepPaths | None:
+    return StepPaths(candidate) if _looks_like_step_dir(candidate) else None

@@ -1,0 +1,39 @@
+"""The tool side of ckpt_tools imports and runs in a process where importing torch fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.procs import no_torch_env, run_cli
+
+IMPORT_ALL_TOOL_MODULES = """
+import importlib, pkgutil, ckpt_tools
+names = [m.name for m in pkgutil.walk_packages(ckpt_tools.__path__, "ckpt_tools.")
+         if not m.name.startswith("ckpt_tools.train") and not m.name.endswith("__main__")]
+for name in names:
+    importlib.import_module(name)
+import sys
+assert "torch" not in sys.modules
+print(len(names))
+"""
+
+
+def test_torch_is_really_blocked() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import torch"], env=no_torch_env(), capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "torch is blocked" in proc.stderr
+
+
+def test_every_tool_module_imports_without_torch() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL_TOOL_MODULES], env=no_torch_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) >= 5
+
+
+def test_cli_version_without_torch() -> None:
+    proc = run_cli("--version", no_torch=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ckpt-tools ")

@@ -1,0 +1,3 @@
+from ckpt_tools.train.cli import main
+
+main()

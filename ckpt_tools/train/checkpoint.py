@@ -1,0 +1,342 @@
+"""The checkpoint life cycle: collective save, atomic commit, ``last``, and resume.
+
+One object owns it. A save is collective - every rank enters; each rank writes its own DCP
+shards in parallel, while gathered weights and every sidecar file are written by the main
+rank alone. Everything goes into a hidden ``.NNNNNN.partial`` directory; only when all
+ranks are done does the main rank fsync it, rename it to ``NNNNNN`` and then move ``last``.
+A crash at any moment therefore leaves the previous ``last`` complete and resumable, and a
+half-written save is never mistaken for a checkpoint (tools skip ``.partial`` dirs).
+
+Load is the mirror image and reshards: DCP shards load onto whatever topology is running
+now, and the flat files of non-sharded runs load into sharded ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import draccus
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ckpt_tools import __version__, layout
+from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
+from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
+from ckpt_tools.layout import CheckpointFormat, StepPaths
+from ckpt_tools.topology import Topology, TrainingStep, read_training_step, training_step_json
+from ckpt_tools.train import rng, state_dicts
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.distributed import DistEnv, barrier
+from ckpt_tools.train.parallel import ParallelModel
+from ckpt_tools.train.policies.base import save_policy_config
+from ckpt_tools.train.policies.configs import PolicyConfig
+from ckpt_tools.train.precision import PrecisionPlan
+from ckpt_tools.train.processors import Pipeline
+from ckpt_tools.train.sampler import GlobalOrderSampler
+
+
+@dataclass
+class TrainingState:
+    """Everything a checkpoint captures, as live objects."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    parallel: ParallelModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: Any
+    sampler: GlobalOrderSampler
+    precision: PrecisionPlan
+    preprocessor: Pipeline
+    postprocessor: Pipeline
+    peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
+    step: int = 0
+    optimizer_steps: int = 0
+
+
+@dataclass
+class ResumeReport:
+    step: int
+    source: Path
+    record: TrainingStep
+    sample_exact: bool
+    rng_restored: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+class CheckpointManager:
+    def __init__(self, state: TrainingState) -> None:
+        self.state = state
+        assert state.cfg.output_dir is not None
+        self.root = Path(state.cfg.output_dir) / layout.CHECKPOINTS_DIR
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int) -> Path:
+        """Collective. Returns the committed step directory."""
+        s = self.state
+        name = layout.step_dir_name(step, s.cfg.steps)
+        partial = self.root / layout.partial_dir_name(name)
+        paths = StepPaths(partial)
+        if s.env.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            remove_tree(partial)  # a save that crashed earlier at this step
+            paths.pretrained_model.mkdir(parents=True)
+            paths.training_state.mkdir()
+        barrier(s.env)
+        self._save_model(paths)
+        self._save_optimizer(paths)
+        rng_states = rng.gather_rng_states(s.env)
+        if s.env.is_main:
+            assert rng_states is not None
+            rng.save_rng_states(rng_states, paths.rng_state, s.env.world_size)
+            self._save_sidecars(paths, step)
+        barrier(s.env)
+        final = self.root / name
+        if s.env.is_main:
+            self._commit(partial, final)
+        barrier(s.env)
+        return final
+
+    def _peft_trainable(self) -> set[str] | None:
+        return state_dicts.trainable_names(self.state.parallel) if self.state.peft_model is not None else None
+
+    def _save_model(self, paths: StepPaths) -> None:
+        s = self.state
+        only = self._peft_trainable()
+        fmt = s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS
+        if fmt.has_dcp:
+            sd = state_dicts.sharded_model_state(s.parallel, only)
+            dcp.save({layout.MODEL_DCP_KEY: sd}, checkpoint_id=paths.model_dcp)
+        if fmt.has_gathered:
+            full = state_dicts.full_model_state(s.parallel, only)
+            if s.env.is_main:
+                self._write_gathered(paths.pretrained_model, full)
+
+    def _write_gathered(self, directory: Path, full: dict[str, torch.Tensor]) -> None:
+        s = self.state
+        if s.peft_model is not None:
+            s.peft_model.save_pretrained(str(directory), state_dict=full, safe_serialization=True)
+        else:
+            from ckpt_tools.train.safetensors_io import save_state_dict
+
+            save_state_dict(full, directory / layout.MODEL_WEIGHTS)
+
+    def _save_optimizer(self, paths: StepPaths) -> None:
+        s = self.state
+        if s.parallel.sharded:
+            osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
+            dcp.save({layout.OPTIMIZER_DCP_KEY: osd}, checkpoint_id=paths.optimizer_dcp)
+        elif s.env.is_main:
+            state_dicts.save_flat_optimizer(
+                s.parallel, s.optimizer, paths.optimizer_state, paths.optimizer_param_groups
+            )
+
+    def _save_sidecars(self, paths: StepPaths, step: int) -> None:
+        s = self.state
+        pm = paths.pretrained_model
+        assert s.cfg.policy is not None
+        save_policy_config(s.cfg.policy, pm)
+        write_json_atomic(paths.train_config, train_config_dict(s.cfg))
+        if s.peft_model is not None and not (pm / layout.ADAPTER_CONFIG).exists():
+            s.peft_model.peft_config["default"].save_pretrained(str(pm))
+        s.preprocessor.save(pm)
+        s.postprocessor.save(pm)
+        write_json_atomic(paths.scheduler_state, s.scheduler.state_dict())
+        if s.scaler is not None:
+            write_json_atomic(paths.scaler_state, s.scaler.state_dict())
+        # Written last: a training_step.json means everything it describes is there.
+        record = self.record(step)
+        paths.training_step.write_text(training_step_json(record))
+
+    def record(self, step: int) -> TrainingStep:
+        s = self.state
+        return TrainingStep(
+            step=step,
+            samples_seen=s.sampler.samples_seen,
+            optimizer_steps=s.optimizer_steps,
+            dp_world_size=s.parallel.dp_replicate * s.parallel.dp_shard,
+            batch_size=s.cfg.batch_size,
+            grad_accum_steps=s.cfg.grad_accum_steps,
+            mixed_precision=s.cfg.accelerator.mixed_precision,
+            mixed_precision_policy=s.precision.record(),
+            checkpoint_format=(s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS).value,
+            topology=Topology(
+                world_size=s.env.world_size,
+                dp_replicate=s.parallel.dp_replicate,
+                dp_shard=s.parallel.dp_shard,
+                nnodes=s.env.nnodes,
+            ),
+            sampler=s.sampler.position(),
+            sharded=s.parallel.sharded,
+            peft=s.peft_model is not None,
+            versions={"torch": torch.__version__, "ckpt_tools": __version__},
+        )
+
+    def _commit(self, partial: Path, final: Path) -> None:
+        """Main rank: make the partial save durable, rename it into place, then move ``last``."""
+        fsync_tree(partial)
+        if final.exists():
+            # Re-saving a step (a resume into the same output dir): swap the old one out first.
+            stale = final.with_name(layout.partial_dir_name(final.name) + ".old")
+            remove_tree(stale)
+            os.rename(final, stale)
+            os.rename(partial, final)
+            replace_symlink(self.root / layout.LAST_LINK, final.name)
+            remove_tree(stale)
+        else:
+            os.rename(partial, final)
+            fsync_dir(self.root)
+            replace_symlink(self.root / layout.LAST_LINK, final.name)
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, step_dir: Path) -> ResumeReport:
+        """Collective: restore everything from ``step_dir`` onto the current topology."""
+        s = self.state
+        paths = StepPaths(step_dir)
+        record = read_training_step(paths.training_step)
+        check_resumable(paths, record)
+        only = self._peft_trainable()
+        self._load_model(paths, only)
+        self._load_optimizer(paths)
+        s.scheduler.load_state_dict(_read_json(paths.scheduler_state))
+        if s.scaler is not None:
+            if not paths.scaler_state.exists():
+                raise CheckpointError(
+                    f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
+                )
+            s.scaler.load_state_dict(_read_json(paths.scaler_state))
+        saved_world = record.topology.world_size if record.topology else None
+        rng_restored = rng.restore_rng_state(paths.rng_state, s.env, saved_world, s.cfg.seed, record.step)
+        assert record.samples_seen is not None
+        s.sampler.restore(record.samples_seen)
+        s.step = record.step
+        s.optimizer_steps = record.optimizer_steps or 0
+        warnings = []
+        same_world = record.dp_world_size == s.sampler.world_size
+        same_batch = record.batch_size == s.cfg.batch_size
+        sample_exact = same_world and same_batch
+        if not sample_exact:
+            warnings.append(
+                f"data order is not sample-exact: saved with dp_world_size={record.dp_world_size},"
+                f" batch_size={record.batch_size}; now {s.sampler.world_size}, {s.cfg.batch_size}"
+                " (the same global sample order is re-split: no sample of the epoch is skipped or repeated)"
+            )
+        if not rng_restored:
+            warnings.append("random generator state not restored (world size changed): dropout masks differ")
+        return ResumeReport(record.step, step_dir, record, sample_exact, rng_restored, warnings)
+
+    def _load_model(self, paths: StepPaths, only: set[str] | None) -> None:
+        s = self.state
+        partial = only is not None
+        if (paths.model_dcp / layout.DCP_METADATA).exists():
+            sd = state_dicts.sharded_model_state(s.parallel, only)
+            _dcp_load({layout.MODEL_DCP_KEY: sd}, paths.model_dcp)
+            state_dicts.load_sharded_model_state(s.parallel, sd, partial)
+            return
+        weights = paths.adapter_weights if partial else paths.model_weights
+        if not weights.exists():
+            raise CheckpointError(
+                f"{paths.pretrained_model}: neither {layout.MODEL_DCP_DIR}/ nor {weights.name} - no weights to resume"
+            )
+        full = _load_safetensors(weights)
+        if partial:
+            full = peft_keys_to_model_keys(full, only)
+        state_dicts.load_full_model_state(s.parallel, full, partial)
+
+    def _load_optimizer(self, paths: StepPaths) -> None:
+        s = self.state
+        if (paths.optimizer_dcp / layout.DCP_METADATA).exists():
+            osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
+            _dcp_load({layout.OPTIMIZER_DCP_KEY: osd}, paths.optimizer_dcp)
+            state_dicts.load_sharded_optimizer_state(s.parallel, s.optimizer, osd)
+        elif paths.optimizer_state.exists():
+            state_dicts.load_flat_optimizer(
+                s.parallel, s.optimizer, paths.optimizer_state, paths.optimizer_param_groups
+            )
+        else:
+            raise CheckpointError(
+                f"{paths.training_state}: no optimizer state ({layout.OPTIMIZER_DCP_DIR}/ or {layout.OPTIMIZER_STATE})"
+            )
+
+
+def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
+    """Refuse the 0.6.x layout and records that cannot place the sampler."""
+    if record.is_legacy or (record.sharded and not paths.optimizer_dcp.exists() and not paths.optimizer_state.exists()):
+        raise LegacyCheckpoint(
+            f"{paths.root}: a 0.6.x-era checkpoint (gathered optimizer state, no {layout.OPTIMIZER_DCP_DIR}/,"
+            " training_step.json without topology) cannot be resumed; its weights still load as a pretrained"
+            f" policy: --policy.path={paths.pretrained_model}"
+        )
+    if record.samples_seen is None:
+        raise CheckpointError(f"{paths.training_step}: no samples_seen; the data position cannot be restored")
+
+
+def _dcp_load(state: dict[str, Any], directory: Path) -> None:
+    try:
+        dcp.load(state, checkpoint_id=directory)
+    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{directory}: DCP load failed ({first[:300]})") from None
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+
+
+def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
+    """Map saved adapter names (no adapter name, peft's convention) onto live parameter names."""
+    by_saved = {k.replace(".default.", "."): k for k in model_keys}
+    out = {}
+    for key, value in adapter.items():
+        if key not in by_saved:
+            raise CheckpointError(f"adapter weights hold '{key}', which the current PEFT model does not have")
+        out[by_saved[key]] = value
+    return out
+
+
+def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    encoded = draccus.encode(cfg)
+    assert isinstance(encoded, dict)
+    return encoded
+
+
+def find_train_config(config_path: str) -> tuple[Path, Path]:
+    """(train_config.json, step dir) from a config file, ``pretrained_model/`` or step dir."""
+    located = layout.locate(config_path)
+    if located.kind is layout.PathKind.CHECKPOINTS_ROOT:
+        assert located.checkpoints_root is not None
+        last = layout.resolve_last(located.checkpoints_root)
+        if last is None:
+            raise CheckpointError(f"{config_path}: no complete checkpoint ('last' is missing)")
+        located = layout.locate(last)
+    if located.step is None:
+        raise CheckpointError(f"--config_path={config_path}: not inside a checkpoint step directory")
+    train_config = located.step.train_config
+    if not train_config.exists():
+        raise CheckpointError(f"{train_config}: missing (--config_path must point into a checkpoint)")
+    return train_config, located.step.root
+
+
+def policy_config_from(cfg: TrainConfig) -> PolicyConfig:
+    assert cfg.policy is not None
+    return cfg.policy

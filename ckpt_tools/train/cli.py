@@ -1,0 +1,66 @@
+"""``ckpt-train`` / ``lerobot-train``: parse dotted flags, refuse bad set-ups, run training.
+
+Every start-up refusal is one line naming the flag or variable, printed by rank 0 only (all
+ranks reach the same verdict), and a non-zero exit; never a traceback.
+
+    torchrun --nproc-per-node=2 $(which ckpt-train) --dataset.root=fixtures/tiny_robot \\
+        --policy.type=act --parallelism.dp_shard=2 --output_dir=outputs/run --steps=20
+    ckpt-train --resume=true --config_path=outputs/run/checkpoints/last/pretrained_model/train_config.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ckpt_tools.errors import CkptError, ExitCode
+from ckpt_tools.train.distributed import env_rank
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    is_main = env_rank() == 0
+    try:
+        from ckpt_tools.train.env_guard import check_accelerate_env
+        from ckpt_tools.train.parsing import parse_train_config
+
+        acknowledged = check_accelerate_env(os.environ)
+        cfg, resume_from = parse_train_config(args)
+        cfg.validate()
+    except CkptError as e:
+        _fail(e, is_main)
+    if acknowledged and is_main:
+        print(f"warning: accelerate engine variables acknowledged and ignored: {', '.join(acknowledged)}", flush=True)
+    _run(cfg, resume_from)
+
+
+def _run(cfg: object, resume_from: Path | None) -> None:
+    from ckpt_tools.train.distributed import init_distributed, teardown
+    from ckpt_tools.train.loop import run_training
+
+    env = init_distributed()
+    try:
+        run_training(cfg, env, resume_from)  # type: ignore[arg-type]
+    except CkptError as e:
+        _fail(e, env.is_main, teardown_env=env)
+    except KeyboardInterrupt:
+        if env.is_main:
+            print("error: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+    teardown(env)
+
+
+def _fail(error: CkptError, is_main: bool, teardown_env: object = None) -> None:
+    if is_main:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    code = int(getattr(error, "exit_code", ExitCode.USAGE))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Other ranks may be blocked in a collective that will never complete: exit now rather
+    # than wait for them in an orderly teardown (torchrun stops the rest of the job).
+    os._exit(code) if teardown_env is not None else sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

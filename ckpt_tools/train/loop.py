@@ -1,0 +1,222 @@
+"""The training loop: build every component, resume if asked, train, checkpoint, finish."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckpt_tools import layout
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.topology import Topology
+from ckpt_tools.train import peft_support
+from ckpt_tools.train.banner import banner_lines
+from ckpt_tools.train.checkpoint import CheckpointManager, TrainingState
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.dataset import RobotDataset, load_dataset, resolve_root
+from ckpt_tools.train.distributed import DistEnv
+from ckpt_tools.train.metrics import MetricsLog, MetricsWindow
+from ckpt_tools.train.parallel import all_reduce_ignored_grads, clip_grad_norm, parallelize
+from ckpt_tools.train.policies import make_policy
+from ckpt_tools.train.policies.base import PreTrainedPolicy
+from ckpt_tools.train.precision import make_scaler, resolve_precision
+from ckpt_tools.train.processors import Pipeline, make_processors
+
+
+def log(env: DistEnv, message: str) -> None:
+    if env.is_main:
+        print(message, flush=True)
+
+
+def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over loop steps: warmup then cosine to ``min_lr_ratio`` (or constant)."""
+    warmup, total, floor = cfg.scheduler.warmup_steps, cfg.steps, cfg.scheduler.min_lr_ratio
+    kind = cfg.scheduler.type
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_policy(cfg: TrainConfig, dataset: RobotDataset) -> tuple[PreTrainedPolicy, Pipeline, Pipeline]:
+    """The policy (fresh, or from ``--policy.path``) and its processors, on CPU in fp32."""
+    policy_cfg = cfg.policy
+    assert policy_cfg is not None
+    for name, value in (("state_dim", dataset.state_dim), ("action_dim", dataset.action_dim)):
+        current = getattr(policy_cfg, name)
+        if current is not None and current != value:
+            raise ConfigError(f"--policy.{name}={current} does not match the dataset ({value})")
+        setattr(policy_cfg, name, value)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    policy = make_policy(policy_cfg)
+    pre, post = make_processors(dataset.stats)
+    if policy_cfg.path:
+        from ckpt_tools.train.pretrained import load_pretrained_into
+
+        pre, post = load_pretrained_into(policy, Path(policy_cfg.path), pre, post)
+    return policy, pre, post
+
+
+def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> None:
+    dp_replicate, dp_shard = cfg.validate_for_world(env.world_size)
+    topology = Topology(env.world_size, dp_replicate, dp_shard, env.nnodes)
+    sharded = topology.layout.sharded
+    checkpoints_root = Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR
+    if resume_from is None and layout.list_step_dirs(checkpoints_root):
+        raise ConfigError(
+            f"--output_dir={cfg.output_dir}: already holds checkpoints; pass --resume=true"
+            " --config_path=... to continue, or choose another --output_dir"
+        )
+    dataset_root = resolve_root(cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision)
+    assert cfg.policy is not None
+    dataset = load_dataset(dataset_root, cfg.policy.chunk_size)
+    policy, pre, post = build_policy(cfg, dataset)
+    peft_model = None
+    model: torch.nn.Module = policy
+    if cfg.peft is not None:
+        peft_model = peft_support.apply_lora(policy, cfg.peft)
+        model = peft_model
+    precision = resolve_precision(cfg, sharded)
+    if precision.mode != "no" or precision.uses_fsdp_policy:
+        peft_support.upcast_trainable(model)
+    model.to(env.device)
+    parallel = parallelize(model, type(policy), env, dp_replicate, dp_shard, cfg.accelerator.fsdp, precision)
+    trainable = [p for p in parallel.inner.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        trainable,
+        lr=cfg.optimizer.lr,
+        betas=tuple(cfg.optimizer.betas),  # type: ignore[arg-type]
+        eps=cfg.optimizer.eps,
+        weight_decay=cfg.optimizer.weight_decay,
+    )
+    scheduler = make_scheduler(cfg, optimizer)
+    from ckpt_tools.train.sampler import GlobalOrderSampler
+
+    sampler = GlobalOrderSampler(len(dataset), cfg.seed, cfg.batch_size, env.rank, env.world_size)
+    state = TrainingState(
+        cfg=cfg,
+        env=env,
+        parallel=parallel,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=make_scaler(precision, env.device),
+        sampler=sampler,
+        precision=precision,
+        preprocessor=pre,
+        postprocessor=post,
+        peft_model=peft_model,
+    )
+    manager = CheckpointManager(state)
+    # Each worker draws its own dropout masks; the same seeds give the same masks on every layout.
+    torch.manual_seed(cfg.seed + 1 + env.rank)
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    for line in banner_lines(
+        cfg, topology, parallel, precision, n_params, n_trainable, len(dataset), str(env.backend or "none")
+    ):
+        log(env, line)
+    if resume_from is not None:
+        report = manager.load(resume_from)
+        log(
+            env,
+            f"resumed from {report.source} at step {report.step} (epoch {sampler.position().epoch}, offset {sampler.position().offset})",
+        )
+        for warning in report.warnings:
+            log(env, f"warning: {warning}")
+    tracker = make_tracker(cfg, env)
+    train_steps(state, manager, dataset, tracker)
+    if tracker is not None:
+        tracker.finish()
+    if cfg.policy.repo_id:
+        from ckpt_tools.train.publish import publish_final
+
+        publish_final(cfg, env, manager)
+    del parallel, model, optimizer, state, manager
+
+
+def train_steps(state: TrainingState, manager: CheckpointManager, dataset: RobotDataset, tracker: Any) -> None:
+    cfg, env, parallel = state.cfg, state.env, state.parallel
+    accum = cfg.grad_accum_steps
+    params = [p for p in parallel.inner.parameters() if p.requires_grad]
+    window = MetricsWindow(env, state.sampler.samples_per_step)
+    metrics_log = MetricsLog(Path(str(cfg.output_dir)) / "metrics.jsonl") if env.is_main else None
+    progress = make_progress(cfg, env, state.step)
+    parallel.module.train()
+    while state.step < cfg.steps:
+        step = state.step + 1
+        micro = (step - 1) % accum
+        last_micro = micro == accum - 1 or step == cfg.steps
+        batch = state.preprocessor(dataset.batch(state.sampler.next_indices()))
+        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
+        with parallel.set_gradient_sync(last_micro), state.precision.autocast(env.device):
+            loss, _ = parallel.module(batch)
+        scaled = loss / accum
+        if state.scaler is not None:
+            state.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        if last_micro:
+            all_reduce_ignored_grads(parallel) if parallel.ignored_params else None
+            if state.scaler is not None:
+                state.scaler.unscale_(state.optimizer)
+            window.grad_norm = clip_grad_norm(params, cfg.optimizer.grad_clip_norm, parallel)
+            if state.scaler is not None:
+                state.scaler.step(state.optimizer)
+                state.scaler.update()
+            else:
+                state.optimizer.step()
+            state.optimizer.zero_grad(set_to_none=True)
+            state.optimizer_steps += 1
+        state.scheduler.step()  # once per loop step, whatever the number of processes
+        state.step = step
+        window.add(loss)
+        if progress is not None:
+            progress.update(1)
+        if step % cfg.log_freq == 0 or step == cfg.steps:
+            reduced = window.reduce()
+            record = {
+                "step": step,
+                **reduced,
+                "lr": state.scheduler.get_last_lr()[0],
+                "epoch": state.sampler.position().epoch,
+                "samples_seen": state.sampler.samples_seen,
+            }
+            if metrics_log is not None:
+                metrics_log.write(record)
+                message = f"step {step}: loss {reduced['loss']:.4f}, {reduced['samples_per_s']:.0f} samples/s, lr {record['lr']:.2e}"
+                (progress.write if progress is not None else print)(message)
+            if tracker is not None:
+                tracker.log(record)
+        if cfg.save_checkpoint and (step % cfg.save_freq == 0 or step == cfg.steps):
+            saved = manager.save(step)
+            if env.is_main:
+                (progress.write if progress is not None else print)(f"checkpoint {saved}")
+    if progress is not None:
+        progress.close()
+
+
+def make_progress(cfg: TrainConfig, env: DistEnv, start: int) -> Any:
+    if not env.is_main or not cfg.progress_bar:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(
+        total=cfg.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, disable=None
+    )
+
+
+def make_tracker(cfg: TrainConfig, env: DistEnv) -> Any:
+    if not cfg.trackio.enable or not env.is_main:
+        return None
+    from ckpt_tools.train.tracking import TrackioTracker
+
+    return TrackioTracker.start(cfg)

@@ -1,0 +1,186 @@
+"""Dotted flags → :class:`TrainConfig`, with one-line errors naming the flag.
+
+draccus does the decoding; this module adds what a training launcher needs around it:
+flag names checked up front (draccus would print a page of usage), ``--policy.path`` and
+``--config_path`` / ``--resume`` turned into a base config that the command-line flags then
+override.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import json
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import draccus
+
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.policies.configs import PolicyConfig
+
+PASS_THROUGH = {"help", "h"}
+
+
+def _dataclass_of(tp: Any) -> Any:
+    """The dataclass inside ``X | None`` annotations (None if there is none)."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def flag_names(cls: Any = TrainConfig, prefix: str = "") -> set[str]:
+    """Every dotted flag a dataclass tree accepts (policy: the union over registered types)."""
+    names: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        names.add(name)
+        inner = _dataclass_of(hints[f.name])
+        if inner is PolicyConfig:
+            names.add(f"{name}.type")
+            for choice in PolicyConfig.get_known_choices().values():
+                names |= flag_names(choice, f"{name}.")
+        elif inner is not None:
+            names |= flag_names(inner, f"{name}.")
+    return names
+
+
+def _split(arg: str) -> tuple[str, str | None]:
+    body = arg[2:]
+    name, eq, value = body.partition("=")
+    return name, (value if eq else None)
+
+
+def _check_names(args: list[str]) -> None:
+    valid = flag_names() | {"config_path"}
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        name, value = _split(arg)
+        if name in PASS_THROUGH:
+            continue
+        if name not in valid:
+            close = difflib.get_close_matches(name, sorted(valid), n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else ""
+            raise ConfigError(f"unknown flag --{name}{hint}")
+        if name == "policy.type" and value is not None and value not in PolicyConfig.get_known_choices():
+            choices = ", ".join(sorted(PolicyConfig.get_known_choices()))
+            raise ConfigError(f"--policy.type={value}: unknown policy type (choose {choices})")
+
+
+def _pop(args: list[str], name: str) -> str | None:
+    """Remove ``--name=value`` (or ``--name value``) from args and return the value."""
+    for i, arg in enumerate(args):
+        if arg == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        if arg.startswith(f"--{name}="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _peek(args: list[str], name: str) -> str | None:
+    return _pop(list(args), name)
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _draccus_parse(args: list[str], base: dict[str, Any] | None) -> TrainConfig:
+    stderr = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = None
+        if base is not None:
+            config_path = Path(tmp) / "base.json"
+            config_path.write_text(json.dumps(base))
+        try:
+            with contextlib.redirect_stderr(stderr):
+                cfg = draccus.parse(TrainConfig, config_path=config_path, args=args)
+        except SystemExit as e:
+            if e.code == 0:  # --help
+                raise
+            lines = [ln for ln in stderr.getvalue().splitlines() if "error:" in ln]
+            raise ConfigError(lines[-1].split("error:", 1)[1].strip() if lines else "invalid arguments") from None
+        except Exception as e:  # draccus.utils.DecodingError and friends: name the flag
+            raise ConfigError(_decoding_message(e)) from None
+    assert isinstance(cfg, TrainConfig)
+    return cfg
+
+
+def _decoding_message(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if text.startswith("`"):
+        path, _, rest = text[1:].partition("`")
+        return f"--{path}: {rest.lstrip(': ').strip()}"
+    return text
+
+
+def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
+    """(config, step dir to resume from or None)."""
+    args = list(argv)
+    _check_names(args)
+    config_path = _pop(args, "config_path")
+    resume = _truthy(_peek(args, "resume"))
+    if resume:
+        if config_path is None:
+            raise ConfigError(
+                "--resume=true needs --config_path=.../checkpoints/last/pretrained_model/train_config.json"
+            )
+        from ckpt_tools.train.checkpoint import find_train_config
+
+        train_config, step_dir = find_train_config(config_path)
+        base = _read_json(train_config)
+        args = [a for a in args if not a.startswith("--policy.type")]
+        cfg = _draccus_parse(args, base)
+        cfg.resume = True
+        return cfg, step_dir
+    base = _read_json(Path(config_path)) if config_path else None
+    policy_path = _pop(args, "policy.path")
+    if policy_path is not None:
+        base = _with_pretrained_policy(base or {}, policy_path, _peek(args, "policy.type"))
+        args = [a for a in args if not a.startswith("--policy.type")]
+    cfg = _draccus_parse(args, base)
+    return cfg, None
+
+
+def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: str | None) -> dict[str, Any]:
+    from ckpt_tools.train.pretrained import resolve_policy_dir, saved_policy_config
+
+    directory = resolve_policy_dir(policy_path)
+    saved = saved_policy_config(directory)
+    if cli_type is not None and cli_type != saved.get("type"):
+        raise ConfigError(
+            f"--policy.type={cli_type} contradicts --policy.path={policy_path} (a {saved.get('type')} policy)"
+        )
+    saved["path"] = str(directory) if Path(policy_path).exists() else policy_path
+    return {**base, "policy": saved}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config_path={path}: no such file") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--config_path={path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config_path={path}: expected a JSON object")
+    return data
+
+
+__all__ = ["flag_names", "parse_train_config"]

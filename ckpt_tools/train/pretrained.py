@@ -1,0 +1,96 @@
+"""Starting from a saved policy (``--policy.path``): local dir or Hub id, full or PEFT.
+
+- ``model.safetensors`` (+ processors): loaded as is.
+- ``adapter_model.safetensors`` + ``adapter_config.json`` (a converted PEFT run): the base
+  is loaded from the path the adapter config records, the adapter on top, then merged, so
+  the run starts from the adapted weights.
+- only ``pytorch_model_fsdp_0/`` (a ``dcp`` checkpoint): refused with the command to run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools import layout
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
+from ckpt_tools.train.processors import Pipeline
+
+
+def resolve_policy_dir(path: str) -> Path:
+    """A local directory (a step dir is taken to mean its pretrained_model/) or a Hub model id."""
+    local = Path(path).expanduser()
+    if local.exists():
+        if (local / layout.PRETRAINED_MODEL_DIR).is_dir():
+            local = local / layout.PRETRAINED_MODEL_DIR
+        if not local.is_dir():
+            raise ConfigError(f"--policy.path={path}: not a directory")
+        return local
+    if path.count("/") != 1:
+        raise ConfigError(f"--policy.path={path}: no such directory (and not a Hub id like user/name)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(path, repo_type="model"))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
+        raise ConfigError(f"--policy.path={path}: could not be fetched from the Hub ({type(e).__name__})") from None
+
+
+def saved_policy_config(directory: Path) -> dict[str, Any]:
+    config = directory / layout.POLICY_CONFIG
+    if not config.exists():
+        raise ConfigError(f"--policy.path={directory}: no {layout.POLICY_CONFIG} (not a saved policy)")
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{config}: unreadable ({e})") from None
+    if not isinstance(data, dict) or "type" not in data:
+        raise ConfigError(f"{config}: not a policy config (no 'type')")
+    return data
+
+
+def load_pretrained_into(
+    policy: PreTrainedPolicy, directory: Path, pre: Pipeline, post: Pipeline
+) -> tuple[Pipeline, Pipeline]:
+    if (directory / layout.MODEL_WEIGHTS).exists():
+        load_weights(policy, directory / layout.MODEL_WEIGHTS)
+    elif (directory / layout.ADAPTER_WEIGHTS).exists():
+        _load_merged_adapter(policy, directory)
+    elif (directory / layout.MODEL_DCP_DIR).is_dir():
+        raise ConfigError(
+            f"--policy.path={directory}: holds only DCP shards ({layout.MODEL_DCP_DIR}/);"
+            f" run `ckpt-tools convert-dcp --checkpoint-dir {directory}` first"
+        )
+    else:
+        raise ConfigError(f"--policy.path={directory}: no {layout.MODEL_WEIGHTS} or {layout.ADAPTER_WEIGHTS}")
+    if (directory / f"{layout.PREPROCESSOR}.json").exists():
+        pre = Pipeline.load(directory, layout.PREPROCESSOR)
+    if (directory / f"{layout.POSTPROCESSOR}.json").exists():
+        post = Pipeline.load(directory, layout.POSTPROCESSOR)
+    return pre, post
+
+
+def adapter_base_path(directory: Path) -> Path:
+    """The base model an adapter was trained on, as recorded in ``adapter_config.json``."""
+    config = directory / layout.ADAPTER_CONFIG
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{config}: unreadable ({e})") from None
+    if not base:
+        raise ConfigError(f"{config}: records no base_model_name_or_path")
+    base_dir = resolve_policy_dir(str(base))
+    if not (base_dir / layout.MODEL_WEIGHTS).exists():
+        raise ConfigError(f"{config}: base model {base} has no {layout.MODEL_WEIGHTS}")
+    return base_dir
+
+
+def _load_merged_adapter(policy: PreTrainedPolicy, directory: Path) -> None:
+    from peft import PeftModel
+
+    load_weights(policy, adapter_base_path(directory) / layout.MODEL_WEIGHTS)
+    merged = PeftModel.from_pretrained(policy, str(directory)).merge_and_unload()
+    policy.load_state_dict(merged.state_dict())

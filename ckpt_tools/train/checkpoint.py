@@ -33,7 +33,6 @@ from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.distributed import DistEnv, barrier
 from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config
-from ckpt_tools.train.policies.configs import PolicyConfig
 from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
 from ckpt_tools.train.sampler import GlobalOrderSampler
@@ -265,6 +264,14 @@ class CheckpointManager:
             )
 
 
+def preflight_resume(step_dir: Path) -> TrainingStep:
+    """Before any process group exists: is this a checkpoint we can resume at all?"""
+    paths = StepPaths(step_dir)
+    record = read_training_step(paths.training_step)
+    check_resumable(paths, record)
+    return record
+
+
 def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
     """Refuse the 0.6.x layout and records that cannot place the sampler."""
     if record.is_legacy or (record.sharded and not paths.optimizer_dcp.exists() and not paths.optimizer_state.exists()):
@@ -335,8 +342,3 @@ def find_train_config(config_path: str) -> tuple[Path, Path]:
     if not train_config.exists():
         raise CheckpointError(f"{train_config}: missing (--config_path must point into a checkpoint)")
     return train_config, located.step.root
-
-
-def policy_config_from(cfg: TrainConfig) -> PolicyConfig:
-    assert cfg.policy is not None
-    return cfg.policy

@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> None:
 
         acknowledged = check_accelerate_env(os.environ)
         cfg, resume_from = parse_train_config(args)
+        if resume_from is not None:
+            from ckpt_tools.train.checkpoint import preflight_resume
+
+            preflight_resume(resume_from)  # a 0.6.x checkpoint is named as such before anything else
         cfg.validate()
     except CkptError as e:
         _fail(e, is_main)

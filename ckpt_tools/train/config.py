@@ -119,6 +119,9 @@ class TrainConfig:
     checkpoint_format: str = CheckpointFormat.SAFETENSORS.value
     resume: bool = False
     progress_bar: bool = True
+    # Audit trail of data order: each rank appends the dataset indices it consumes per step
+    # to <output_dir>/samples/rank<R>.jsonl.
+    log_samples: bool = False
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -150,12 +151,17 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
     window = MetricsWindow(env, state.sampler.samples_per_step)
     metrics_log = MetricsLog(Path(str(cfg.output_dir)) / "metrics.jsonl") if env.is_main else None
     progress = make_progress(cfg, env, state.step)
+    samples_log = SampleLog.open(cfg, env) if cfg.log_samples else None
+    ran_any = False
     parallel.module.train()
     while state.step < cfg.steps:
         step = state.step + 1
         micro = (step - 1) % accum
         last_micro = micro == accum - 1 or step == cfg.steps
-        batch = state.preprocessor(dataset.batch(state.sampler.next_indices()))
+        indices = state.sampler.next_indices()
+        if samples_log is not None:
+            samples_log.write(step, indices)
+        batch = state.preprocessor(dataset.batch(indices))
         batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
         with parallel.set_gradient_sync(last_micro), state.precision.autocast(env.device):
             loss, _ = parallel.module(batch)
@@ -178,6 +184,7 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
             state.optimizer_steps += 1
         state.scheduler.step()  # once per loop step, whatever the number of processes
         state.step = step
+        ran_any = True
         window.add(loss)
         if progress is not None:
             progress.update(1)
@@ -202,6 +209,41 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
                 (progress.write if progress is not None else print)(f"checkpoint {saved}")
     if progress is not None:
         progress.close()
+    if (
+        cfg.save_checkpoint
+        and not ran_any
+        and agree(env, not (manager.root / layout.step_dir_name(state.step, cfg.steps)).exists())
+    ):
+        # Resumed at the final step into an output dir without that checkpoint: write the
+        # restored state there, so the output dir always ends with its final checkpoint.
+        manager.save(state.step)
+
+
+def agree(env: DistEnv, decision: bool) -> bool:
+    """Collective: every rank takes the main rank's decision (file checks may differ per node)."""
+    if not env.distributed:
+        return decision
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(decision)], device=env.device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+class SampleLog:
+    """``<output_dir>/samples/rank<R>.jsonl``: the dataset indices each step consumed on this rank."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    @classmethod
+    def open(cls, cfg: TrainConfig, env: DistEnv) -> SampleLog:
+        directory = Path(str(cfg.output_dir)) / "samples"
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls((directory / f"rank{env.rank}.jsonl").open("a", buffering=1))
+
+    def write(self, step: int, indices: torch.Tensor) -> None:
+        self.handle.write(json.dumps({"step": step, "indices": indices.tolist()}) + "\n")
 
 
 def make_progress(cfg: TrainConfig, env: DistEnv, start: int) -> Any:

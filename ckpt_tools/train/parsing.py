@@ -78,6 +78,20 @@ def _check_names(args: list[str]) -> None:
         if name == "policy.type" and value is not None and value not in PolicyConfig.get_known_choices():
             choices = ", ".join(sorted(PolicyConfig.get_known_choices()))
             raise ConfigError(f"--policy.type={value}: unknown policy type (choose {choices})")
+    _check_policy_fields(args)
+
+
+def _check_policy_fields(args: list[str]) -> None:
+    """``--policy.<field>`` must exist on the chosen policy type (draccus's error would not say so)."""
+    policy_type = _peek(args, "policy.type")
+    choice = PolicyConfig.get_known_choices().get(policy_type) if policy_type else None
+    if choice is None:
+        return
+    fields = {f.name for f in dataclasses.fields(choice)} | {"type"}
+    for arg in args:
+        name = _split(arg)[0] if arg.startswith("--policy.") else ""
+        if name and name.removeprefix("policy.") not in fields:
+            raise ConfigError(f"--{name}: the {policy_type} policy has no such field ({', '.join(sorted(fields))})")
 
 
 def _pop(args: list[str], name: str) -> str | None:
@@ -94,7 +108,12 @@ def _pop(args: list[str], name: str) -> str | None:
 
 
 def _peek(args: list[str], name: str) -> str | None:
-    return _pop(list(args), name)
+    """The value of the last ``--name`` (the one argparse keeps), without removing it."""
+    found = None
+    rest = list(args)
+    while (value := _pop(rest, name)) is not None:
+        found = value
+    return found
 
 
 def _truthy(value: str | None) -> bool:

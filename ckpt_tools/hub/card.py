@@ -1,0 +1,316 @@
+"""The model card (``README.md``) a push generates from the run's own records.
+
+Everything on the card comes from ``train_config.json`` (what ran), the step's
+``training_step.json`` (where it ran: topology, batch factorization) and the files being
+published. The card is public, so it must never carry what only makes sense - or should only
+be known - on the machine that trained: absolute paths (``dataset.root``, ``output_dir``, a
+PEFT base model on local disk) are reduced to their last component, and tokens are masked.
+A final pass masks any local path that slipped through, so a new field cannot leak one.
+
+The card is built in memory and uploaded from bytes: it is never written into the user's
+checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path, PurePath, PureWindowsPath
+from typing import Any
+
+from ckpt_tools import layout
+from ckpt_tools.errors import CheckpointError
+from ckpt_tools.hub.files import PublishPlan
+from ckpt_tools.topology import BatchFactorization, TrainingStep, read_training_step
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_LOCAL_PATH_MASK = "<local path>"
+
+
+def build_model_card(plan: PublishPlan, *, repo_id: str, secrets: tuple[str, ...] = ()) -> str:
+    """The Markdown model card (YAML front matter + body) for publishing ``plan`` as ``repo_id``."""
+    config = _read_json_object(plan.folder / layout.TRAIN_CONFIG)
+    policy = _read_json_object(plan.folder / layout.POLICY_CONFIG)
+    adapter = _read_json_object(plan.folder / layout.ADAPTER_CONFIG)
+    step = read_training_step(plan.training_step_path) if plan.training_step_path else None
+    facts = _Facts(config, policy, adapter, step, plan)
+    text = _front_matter(facts) + _body(facts, repo_id)
+    return _scrub(text, [config, policy, adapter, str(plan.folder.resolve()), str(Path.home())], secrets)
+
+
+def public_name(value: str) -> str:
+    """``value`` if it is safe to show publicly (a Hub id, a plain name); a local path becomes its basename."""
+    if _HUB_ID_RE.match(value) and ".." not in value and not Path(value).exists():
+        return value
+    if _looks_like_path(value):
+        name = PureWindowsPath(value).name if "\\" in value else PurePath(value).name
+        return f"{name or '?'} (local path)"
+    return value
+
+
+def _looks_like_path(value: str) -> bool:
+    return (
+        value.startswith(("/", "~", "./", "../", "\\"))
+        or bool(re.match(r"^[A-Za-z]:[\\/]", value))
+        or "/" in value
+        or "\\" in value
+    )
+
+
+class _Facts:
+    """The card's facts, each from the most precise record that has it (training_step.json first)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        policy: dict[str, Any],
+        adapter: dict[str, Any],
+        step: TrainingStep | None,
+        plan: PublishPlan,
+    ) -> None:
+        self.config, self.adapter, self.step, self.plan = config, adapter, step, plan
+        # train_config.json says what ran; a bare convert output may only have the policy's config.json.
+        self.policy_type = _str(_get(config, "policy.type")) or _str(policy.get("type"))
+        peft_cfg = _get(config, "peft")
+        self.peft = isinstance(peft_cfg, dict) or bool(step and step.peft) or bool(adapter)
+        self.peft_method = _str(_get(config, "peft.method_type")) or ("LORA" if adapter else None)
+        self.dataset_id = _str(_get(config, "dataset.repo_id"))
+        self.dataset_root = _str(_get(config, "dataset.root"))
+
+    @property
+    def license(self) -> str | None:
+        return _str(_get(self.config, "policy.license")) or _str(_get(self.config, "license"))
+
+    @property
+    def public_dataset(self) -> str | None:
+        """The dataset's Hub id when it has one (never a local path)."""
+        if self.dataset_id and public_name(self.dataset_id) == self.dataset_id and "/" in self.dataset_id:
+            return self.dataset_id
+        return None
+
+    @property
+    def base_model(self) -> str | None:
+        value = _str(self.adapter.get("base_model_name_or_path"))
+        return public_name(value) if value else None
+
+    def tags(self) -> list[str]:
+        tags = ["ckpt-tools", "robotics", "lerobot"]
+        for extra in (self.policy_type, "peft" if self.peft else None, self.peft_method if self.peft else None):
+            tag = (extra or "").lower()
+            if _TAG_RE.match(tag) and tag not in tags:
+                tags.append(tag)
+        return tags
+
+    def rows(self) -> Iterator[tuple[str, str]]:
+        yield "Policy type", f"`{self.policy_type}`" if self.policy_type else "unknown"
+        yield "Dataset", self._dataset()
+        yield "Steps", self._steps()
+        yield "Batch", self._batch()
+        yield "Layout", self._layout()
+        yield "Precision", self._precision()
+        yield "PEFT", self._peft()
+        yield "Checkpoint format", self._format()
+        yield "Parameters", self._parameters()
+        seed = _get(self.config, "seed")
+        if isinstance(seed, int):
+            yield "Seed", str(seed)
+        init = _str(_get(self.config, "policy.path"))
+        if init:
+            yield "Initialized from", f"`{public_name(init)}`"
+        if self.step and self.step.versions:
+            yield "Software", ", ".join(f"{k} {v}" for k, v in sorted(self.step.versions.items()))
+
+    def _dataset(self) -> str:
+        if self.public_dataset:
+            return f"`{self.public_dataset}`"
+        if self.dataset_id or self.dataset_root:
+            return f"local dataset `{public_name(self.dataset_id or self.dataset_root or '')}`"
+        return "unknown"
+
+    def _steps(self) -> str:
+        total = _int(_get(self.config, "steps"))
+        if self.step is not None:
+            return f"{self.step.step}" + (f" of {total} planned" if total is not None else "")
+        return str(total) if total is not None else "unknown"
+
+    def _batch(self) -> str:
+        if self.step is not None and self.step.batch is not None:
+            return self.step.batch.describe()
+        batch = _int(_get(self.config, "batch_size"))
+        accum = _int(_get(self.config, "accelerator.gradient_accumulation.steps")) or 1
+        r, s = _int(_get(self.config, "parallelism.dp_replicate")), _int(_get(self.config, "parallelism.dp_shard"))
+        if batch is None:
+            return "unknown"
+        if r and s and r * s > 1:
+            return BatchFactorization(batch, r * s, accum).describe()
+        return f"batch_size {batch} per worker × grad_accum {accum} (number of workers not recorded)"
+
+    def _layout(self) -> str:
+        if self.step is not None and self.step.topology is not None:
+            return self.step.topology.describe()
+        r = _get(self.config, "parallelism.dp_replicate")
+        s = _get(self.config, "parallelism.dp_shard")
+        if not isinstance(r, int) or not isinstance(s, int):
+            return "unknown"
+        if s == -1:
+            return f"sharded over all launched processes (dp_replicate={r}, dp_shard=-1)"
+        if s > 1:
+            return f"HSDP over {r}×{s} (dp_replicate×dp_shard)" if r > 1 else f"FSDP over {s} shards"
+        return f"DDP over {r} replicas" if r > 1 else "DDP or single process"
+
+    def _precision(self) -> str:
+        mode = (self.step.mixed_precision if self.step else None) or _str(
+            _get(self.config, "accelerator.mixed_precision")
+        )
+        text = {
+            "no": "fp32 (no mixed precision)",
+            "bf16": "bf16 mixed precision",
+            "fp16": "fp16 mixed precision (loss scaling)",
+        }.get(mode or "", mode or "unknown")
+        dtypes = sorted({d for f in self.plan.weights for d in f.dtypes})
+        return text + (f"; published weights {'/'.join(dtypes)}" if dtypes else "")
+
+    def _peft(self) -> str:
+        if not self.peft:
+            return "no (full weights)"
+        rank = _int(_get(self.config, "peft.r")) or _int(self.adapter.get("r"))
+        text = f"{self.peft_method or 'yes'}" + (f" (r={rank})" if rank else "")
+        return text + (f", base model `{self.base_model}`" if self.base_model else "")
+
+    def _format(self) -> str:
+        fmt = _str(_get(self.config, "checkpoint_format")) or (self.step.checkpoint_format if self.step else None)
+        published = ", ".join(f"`{f.name}`" for f in self.plan.weights)
+        return f"{fmt or 'unknown'} (published: {published})"
+
+    def _parameters(self) -> str:
+        counts = [f.num_values for f in self.plan.weights if f.num_values is not None]
+        return _human_count(sum(counts)) if counts else "unknown"
+
+
+def _front_matter(facts: _Facts) -> str:
+    lines = ["---", "library_name: lerobot"]
+    if facts.license and re.match(r"^[A-Za-z0-9.+-]+$", facts.license):
+        lines.append(f"license: {facts.license}")
+    lines.append("pipeline_tag: robotics")
+    lines.append("tags:")
+    lines += [f"- {json.dumps(tag)}" for tag in facts.tags()]
+    if facts.public_dataset:
+        lines += ["datasets:", f"- {json.dumps(facts.public_dataset)}"]
+    if facts.peft and facts.base_model and _HUB_ID_RE.match(facts.base_model):
+        lines.append(f"base_model: {json.dumps(facts.base_model)}")
+    return "\n".join([*lines, "---", ""]) + "\n"
+
+
+def _body(facts: _Facts, repo_id: str) -> str:
+    name = repo_id.rsplit("/", 1)[-1]
+    kind = f" of type `{facts.policy_type}`" if facts.policy_type else ""
+    what = "A PEFT adapter for a robot policy" if facts.peft else "A robot policy"
+    out = [
+        f"# {name}",
+        "",
+        f"{what}{kind}, trained with the ckpt-tools training core (LeRobot-compatible checkpoints)"
+        " and published with `ckpt-tools`.",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {key} | {_cell(value)} |" for key, value in facts.rows()),
+        "",
+        "## Files",
+        "",
+        *(f"- `{f.name}` ({_human_bytes(f.size)})" for f in facts.plan.files),
+        "",
+        "## Use",
+        "",
+        "```bash",
+        f"hf download {repo_id}",
+        f"ckpt-train --policy.path={repo_id} ...   # start a new run from these weights",
+        "```",
+        "",
+    ]
+    if facts.peft:
+        out[-1:-1] = ["The adapter loads with `peft.PeftModel.from_pretrained(base_policy, repo_id)`.", ""]
+    return "\n".join(out)
+
+
+def _scrub(text: str, sources: list[Any], secrets: tuple[str, ...]) -> str:
+    """Mask tokens and any absolute local path found in ``sources`` that reached the card."""
+    paths = {s for source in sources for s in _strings(source) if _is_absolute(s) and len(s) > 1}
+    for path in sorted(paths, key=len, reverse=True):
+        # Whole path components only: the home dir "/root" must not mangle a repo id "user/rooted".
+        text = re.sub(rf"(?<![\w.-]){re.escape(path)}(?![\w.-])", _LOCAL_PATH_MASK, text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _is_absolute(value: str) -> bool:
+    return value.startswith(("/", "~", "\\")) or bool(re.match(r"^[A-Za-z]:[\\/]", value))
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; {} when the file is absent; one clear line when it is malformed."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    value: Any = data
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ")
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def _human_count(n: int) -> str:
+    if n >= 1_000_000_000:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f}K"
+    return str(n)

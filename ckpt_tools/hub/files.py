@@ -1,0 +1,239 @@
+"""What a Hub push uploads from a local folder, decided before any network traffic.
+
+A model repo gets the top-level ``*.safetensors``, ``*.json`` and ``*.md`` files of a
+converted ``pretrained_model/`` (or of a convert output directory) and nothing else: never
+the DCP shard directories, never ``training_state/``, never hidden files (a save or a
+conversion in progress writes into hidden temporaries). Everything that would make the
+published repo unusable - no weights at all, weights only as DCP shards, a truncated
+safetensors file, a sharded index naming a missing shard, a JSON file that does not parse -
+is refused here with one line, so a push never starts that cannot end well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpt_tools import layout
+from ckpt_tools.errors import CheckpointError, UsageError
+
+PUBLISHED_SUFFIXES = (".safetensors", ".json", ".md")
+README = "README.md"
+
+# A safetensors header is a JSON object; anything near this size is not a real header.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PublishFile:
+    """One local file and the name it gets at the top of the repo."""
+
+    name: str
+    path: Path
+    size: int
+    # For *.safetensors files: dtypes present and the number of scalar values (parameters).
+    dtypes: tuple[str, ...] = ()
+    num_values: int | None = None
+
+    @property
+    def is_weights(self) -> bool:
+        """Model or adapter weights (processor statistics are safetensors files too, but not weights)."""
+        return self.name.endswith(".safetensors") and not self.name.startswith(
+            (layout.PREPROCESSOR, layout.POSTPROCESSOR)
+        )
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """The files of ``folder`` a push uploads, and what it leaves out (named, for the report)."""
+
+    folder: Path
+    files: tuple[PublishFile, ...]
+    skipped: tuple[str, ...]
+    training_step_path: Path | None
+
+    @property
+    def has_readme(self) -> bool:
+        return any(f.name == README for f in self.files)
+
+    @property
+    def weights(self) -> tuple[PublishFile, ...]:
+        return tuple(f for f in self.files if f.is_weights)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def refuse_secrets(self, secrets: tuple[str, ...]) -> None:
+        """Refuse to publish a text file (or safetensors header) that contains a Hub token.
+
+        The JSON and Markdown files are small and read whole; of a safetensors file only the
+        header (where ``__metadata__`` strings live) is read.
+        """
+        secrets = tuple(s for s in secrets if s)
+        if not secrets:
+            return
+        for f in self.files:
+            with _readable(f.path):
+                data = _safetensors_header_bytes(f.path) if f.name.endswith(".safetensors") else f.path.read_bytes()
+            if any(s.encode() in data for s in secrets):
+                raise CheckpointError(
+                    f"{f.path}: contains your Hugging Face token; refusing to publish it (remove it from the file)"
+                )
+
+
+def resolve_publish_folder(path: str | os.PathLike[str]) -> Path:
+    """Turn what a user typed into the folder to publish.
+
+    Accepted: a ``pretrained_model/`` dir, a convert output dir, a step dir (its
+    ``pretrained_model/``), a checkpoints root or the dir holding ``checkpoints/`` (the
+    ``last`` checkpoint's ``pretrained_model/``).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such directory")
+    if not p.is_dir():
+        raise UsageError(f"{p}: PATH must be a directory (a pretrained_model/ dir, a step dir or a convert output dir)")
+    if p.name == layout.TRAINING_STATE_DIR:
+        raise UsageError(f"{p}: training_state/ is never published; pass the step dir or its pretrained_model/")
+    if (p / layout.PRETRAINED_MODEL_DIR).is_dir():
+        return p / layout.PRETRAINED_MODEL_DIR
+    root = p / layout.CHECKPOINTS_DIR if (p / layout.CHECKPOINTS_DIR).is_dir() else p
+    if (root / layout.LAST_LINK).exists() or layout.list_step_dirs(root):
+        last = layout.resolve_last(root)
+        if last is None or not (last / layout.PRETRAINED_MODEL_DIR).is_dir():
+            raise CheckpointError(f"{root}: no complete checkpoint to publish ('last' is missing or broken)")
+        return last / layout.PRETRAINED_MODEL_DIR
+    return p
+
+
+def plan_publish(folder: str | os.PathLike[str]) -> PublishPlan:
+    """Select and check the files of ``folder`` to upload; raise one clear line if it cannot be published."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such directory")
+    real_folder = folder.resolve()
+    files: list[PublishFile] = []
+    skipped: list[str] = []
+    dcp_dirs: list[str] = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        name = entry.name
+        if entry.is_dir():
+            skipped.append(name + "/")
+            if (entry / layout.DCP_METADATA).exists() or any(entry.glob(f"*{layout.DCP_SHARD_SUFFIX}")):
+                dcp_dirs.append(name + "/")
+            continue
+        if name.startswith(".") or not name.endswith(PUBLISHED_SUFFIXES) or not entry.is_file():
+            skipped.append(name)
+            continue
+        if entry.is_symlink() and entry.resolve().parent != real_folder:
+            raise CheckpointError(f"{entry}: is a link to a file outside {folder}; refusing to publish it")
+        with _readable(entry):
+            files.append(_checked_file(entry))
+    plan = PublishPlan(folder, tuple(files), tuple(skipped), _training_step_path(folder))
+    if not plan.weights:
+        if dcp_dirs:
+            raise CheckpointError(
+                f"{folder}: holds the weights only as DCP shards ({', '.join(dcp_dirs)}); run"
+                f" `ckpt-tools convert-dcp --checkpoint-dir {folder}` first, then publish"
+            )
+        raise CheckpointError(f"{folder}: nothing to publish (no model weights *.safetensors at its top level)")
+    _check_index(plan)
+    return plan
+
+
+@contextlib.contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """A file that cannot be read is bad input: one line, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
+
+
+def _training_step_path(folder: Path) -> Path | None:
+    """``../training_state/training_step.json`` of a ``pretrained_model/`` inside a step dir."""
+    candidate = folder.parent / layout.TRAINING_STATE_DIR / layout.TRAINING_STEP
+    return candidate if folder.name == layout.PRETRAINED_MODEL_DIR and candidate.is_file() else None
+
+
+def _checked_file(path: Path) -> PublishFile:
+    size = path.stat().st_size
+    if path.name.endswith(".json"):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not valid JSON ({e}); refusing to publish it") from None
+        return PublishFile(path.name, path, size)
+    if path.name.endswith(".safetensors"):
+        dtypes, num_values = _safetensors_summary(path, size)
+        return PublishFile(path.name, path, size, dtypes, num_values)
+    return PublishFile(path.name, path, size)
+
+
+def _safetensors_header_bytes(path: Path) -> bytes:
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            return b""
+        (n,) = struct.unpack("<Q", prefix)
+        return f.read(min(n, _MAX_HEADER_BYTES))
+
+
+def _safetensors_summary(path: Path, size: int) -> tuple[tuple[str, ...], int]:
+    """Check that a safetensors file is complete (header + every byte it promises) and summarize it."""
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file ({size} bytes); refusing to publish it")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > min(_MAX_HEADER_BYTES, size - 8):
+            raise CheckpointError(f"{path}: not a complete safetensors file (header of {n} bytes in {size})")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise CheckpointError(f"{path}: not a safetensors file (unreadable header)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (header is not an object)")
+    end, dtypes, num_values = 0, set(), 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            _begin, stop = info["data_offsets"]
+            dtypes.add(str(info["dtype"]))
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointError(f"{path}: not a safetensors file (bad entry for {key!r})") from None
+        end = max(end, int(stop))
+        num_values += count
+    if 8 + n + end != size:
+        raise CheckpointError(
+            f"{path}: not a complete safetensors file (header promises {8 + n + end} bytes, file has {size});"
+            " refusing to publish it"
+        )
+    return tuple(sorted(dtypes)), num_values
+
+
+def _check_index(plan: PublishPlan) -> None:
+    """A sharded ``*.safetensors.index.json`` must name only shards that are being published."""
+    names = {f.name for f in plan.files}
+    for f in plan.files:
+        if not f.name.endswith(".safetensors.index.json"):
+            continue
+        index = json.loads(f.path.read_text(encoding="utf-8"))
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{f.path}: no 'weight_map' object; refusing to publish an unusable index")
+        missing = sorted({str(v) for v in weight_map.values()} - names)
+        if missing:
+            raise CheckpointError(
+                f"{f.path}: names shard(s) not in {plan.folder}: {', '.join(missing)} (incomplete conversion?)"
+            )

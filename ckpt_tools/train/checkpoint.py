@@ -29,6 +29,7 @@ from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlin
 from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.topology import Topology, TrainingStep, read_training_step, training_step_json
 from ckpt_tools.train import rng, state_dicts
+from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.distributed import DistEnv, barrier
 from ckpt_tools.train.parallel import ParallelModel
@@ -201,8 +202,10 @@ class CheckpointManager:
         record = read_training_step(paths.training_step)
         check_resumable(paths, record)
         only = self._peft_trainable()
+        self.requested: dict[str, int] = {}
         self._load_model(paths, only)
         self._load_optimizer(paths)
+        self._write_audit(paths)
         s.scheduler.load_state_dict(_read_json(paths.scheduler_state))
         if s.scaler is not None:
             if not paths.scaler_state.exists():
@@ -235,7 +238,7 @@ class CheckpointManager:
         partial = only is not None
         if (paths.model_dcp / layout.DCP_METADATA).exists():
             sd = state_dicts.sharded_model_state(s.parallel, only)
-            _dcp_load({layout.MODEL_DCP_KEY: sd}, paths.model_dcp)
+            self._dcp_load({layout.MODEL_DCP_KEY: sd}, paths.model_dcp, paths.root)
             state_dicts.load_sharded_model_state(s.parallel, sd, partial)
             return
         weights = paths.adapter_weights if partial else paths.model_weights
@@ -248,11 +251,34 @@ class CheckpointManager:
             full = peft_keys_to_model_keys(full, only)
         state_dicts.load_full_model_state(s.parallel, full, partial)
 
+    def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
+        reader = CountingReader(directory)
+        try:
+            dcp.load(state, storage_reader=reader)
+        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+            raise _dcp_error(directory, e) from None
+        prefix = directory.relative_to(step_root)
+        for name, length in reader.requested.items():
+            self.requested[str(prefix / name)] = length
+
+    def _write_audit(self, paths: StepPaths) -> None:
+        s = self.state
+        payload = {
+            "rank": s.env.rank,
+            "world_size": s.env.world_size,
+            "dp_replicate": s.parallel.dp_replicate,
+            "dp_shard": s.parallel.dp_shard,
+            "source": str(paths.root),
+            "read": dict(sorted(self.requested.items())),
+            "resident": resident_bytes(s.parallel.inner, s.optimizer),
+        }
+        write_audit(Path(str(s.cfg.output_dir)) / "resume_audit" / f"rank{s.env.rank}.json", payload)
+
     def _load_optimizer(self, paths: StepPaths) -> None:
         s = self.state
         if (paths.optimizer_dcp / layout.DCP_METADATA).exists():
             osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
-            _dcp_load({layout.OPTIMIZER_DCP_KEY: osd}, paths.optimizer_dcp)
+            self._dcp_load({layout.OPTIMIZER_DCP_KEY: osd}, paths.optimizer_dcp, paths.root)
             state_dicts.load_sharded_optimizer_state(s.parallel, s.optimizer, osd)
         elif paths.optimizer_state.exists():
             state_dicts.load_flat_optimizer(
@@ -272,6 +298,11 @@ def preflight_resume(step_dir: Path) -> TrainingStep:
     return record
 
 
+def _dcp_error(directory: Path, error: Exception) -> CheckpointError:
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    return CheckpointError(f"{directory}: DCP load failed ({last[:300]})")
+
+
 def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
     """Refuse the 0.6.x layout and records that cannot place the sampler."""
     if record.is_legacy or (record.sharded and not paths.optimizer_dcp.exists() and not paths.optimizer_state.exists()):
@@ -282,14 +313,6 @@ def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
         )
     if record.samples_seen is None:
         raise CheckpointError(f"{paths.training_step}: no samples_seen; the data position cannot be restored")
-
-
-def _dcp_load(state: dict[str, Any], directory: Path) -> None:
-    try:
-        dcp.load(state, checkpoint_id=directory)
-    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{directory}: DCP load failed ({first[:300]})") from None
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -52,7 +52,16 @@ def _run(cfg: object, resume_from: Path | None) -> None:
         if env.is_main:
             print("error: interrupted", file=sys.stderr, flush=True)
         os._exit(130)
-    teardown(env)
+    teardown(env)  # the collective finish: every rank is done before anything is published
+    policy = getattr(cfg, "policy", None)
+    if env.is_main and policy is not None and policy.repo_id:
+        from ckpt_tools.train.publish import publish_final
+
+        try:
+            url = publish_final(cfg)  # type: ignore[arg-type]
+        except CkptError as e:
+            _fail(e, True)
+        print(f"published the final policy to {url}", flush=True)
 
 
 def _fail(error: CkptError, is_main: bool, teardown_env: object = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ckpt_tools.errors import ConfigError
+from ckpt_tools.errors import ConfigError, UsageError
 from ckpt_tools.layout import CheckpointFormat
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -166,6 +166,13 @@ class TrainConfig:
             raise ConfigError(f"--scheduler.type={self.scheduler.type}: choose cosine or constant")
         self._validate_accelerator()
         self._validate_peft()
+        if self.policy.repo_id is not None:
+            from ckpt_tools.hub import check_repo_id
+
+            try:
+                check_repo_id(self.policy.repo_id, flag="--policy.repo_id")
+            except UsageError as e:
+                raise ConfigError(str(e)) from None
 
     def _validate_accelerator(self) -> None:
         acc = self.accelerator

@@ -137,10 +137,6 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     train_steps(state, manager, dataset, tracker)
     if tracker is not None:
         tracker.finish()
-    if cfg.policy.repo_id:
-        from ckpt_tools.train.publish import publish_final
-
-        publish_final(cfg, env, manager)
     del parallel, model, optimizer, state, manager
 
 

@@ -1,25 +1,40 @@
-"""End-of-training publishing: a collective finish, then the main rank uploads."""
+"""End-of-training publishing: after the collective finish, the main rank uploads.
+
+The upload runs once every rank has finished training and the process group is torn
+down, so a slow or failing Hub can never leave other ranks blocked in a collective. A
+``dcp``-only final checkpoint is converted first (torch-free, streamed, verified) so the
+repo gets loadable safetensors, never DCP shards.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ckpt_tools import layout
-from ckpt_tools.train.checkpoint import CheckpointManager
+from ckpt_tools.errors import CheckpointError, HubError
 from ckpt_tools.train.config import TrainConfig
-from ckpt_tools.train.distributed import DistEnv, barrier
 
 
-def publish_final(cfg: TrainConfig, env: DistEnv, manager: CheckpointManager) -> None:
-    """Upload ``last/pretrained_model`` to ``--policy.repo_id`` (main rank; all ranks wait)."""
+def final_pretrained_model(cfg: TrainConfig) -> Path:
+    last = layout.resolve_last(Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR)
+    if last is None:
+        raise CheckpointError("--policy.repo_id: no checkpoint to publish (was --save_checkpoint=false?)")
+    return last / layout.PRETRAINED_MODEL_DIR
+
+
+def publish_final(cfg: TrainConfig) -> str:
+    """Main rank only, after teardown. Returns the repo URL; raises CkptError with a retry hint."""
     assert cfg.policy is not None and cfg.policy.repo_id
-    barrier(env)
-    if env.is_main:
-        from ckpt_tools.hub import push_to_hub
+    folder = final_pretrained_model(cfg)
+    has_weights = (folder / layout.MODEL_WEIGHTS).exists() or (folder / layout.ADAPTER_WEIGHTS).exists()
+    if not has_weights and (folder / layout.MODEL_DCP_DIR).is_dir():
+        from ckpt_tools.convert import convert_dcp
 
-        last = layout.resolve_last(manager.root)
-        if last is None:
-            from ckpt_tools.errors import CheckpointError
+        convert_dcp(folder, progress=False, verify=True)
+    from ckpt_tools.hub import push_to_hub
 
-            raise CheckpointError("--policy.repo_id: no checkpoint to publish (was --save_checkpoint=false?)")
-        result = push_to_hub(last / layout.PRETRAINED_MODEL_DIR, cfg.policy.repo_id, private=cfg.policy.private)
-        print(f"published {last.name}/pretrained_model to {result.repo_url}", flush=True)
-    barrier(env)
+    try:
+        result = push_to_hub(folder, cfg.policy.repo_id, private=cfg.policy.private)
+    except HubError as e:
+        raise HubError(f"{e} - retry with: ckpt-tools push {folder} --repo-id {cfg.policy.repo_id}") from None
+    return result.repo_url

@@ -23,11 +23,16 @@ class TrackioTracker:
         from ckpt_tools.train.checkpoint import train_config_dict
 
         project = cfg.trackio.project or cfg.job_name or "ckpt-tools"
-        run = trackio.init(project=project, name=cfg.job_name, config=train_config_dict(cfg))
+        # Local logging only: no background system-metrics threads in a training process.
+        run = trackio.init(
+            project=project, name=cfg.job_name, config=train_config_dict(cfg), auto_log_cpu=False, auto_log_gpu=False
+        )
         return cls(run, trackio)
 
-    def log(self, metrics: dict[str, Any]) -> None:
-        self.module.log(metrics)
+    def log(self, record: dict[str, Any]) -> None:
+        """Log the reduced metrics of one step (``step`` is trackio's own axis, not a metric)."""
+        metrics = {k: v for k, v in record.items() if k != "step"}
+        self.module.log(metrics, step=int(record["step"]))
 
     def finish(self) -> None:
         self.module.finish()

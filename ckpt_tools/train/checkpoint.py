@@ -364,4 +364,4 @@ def find_train_config(config_path: str) -> tuple[Path, Path]:
     train_config = located.step.train_config
     if not train_config.exists():
         raise CheckpointError(f"{train_config}: missing (--config_path must point into a checkpoint)")
-    return train_config, located.step.root
+    return train_config, located.step.root.resolve()  # `last` → the step it points at

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -44,3 +45,36 @@ def script(name: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} is not installed: pip install -e '.[training,dev]'")
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_tree(pid: int, sig: int = 9) -> None:
+    """Send ``sig`` to a process and all its descendants at once (torchrun workers included).
+
+    torchrun starts its workers in their own sessions, so killing its process group alone
+    would leave them running.
+    """
+    targets = [pid, *descendants(pid)]
+    for target in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, sig)

@@ -27,6 +27,7 @@ from ckpt_tools import __version__, layout
 from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
 from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
 from ckpt_tools.layout import CheckpointFormat, StepPaths
+from ckpt_tools.peft_keys import saved_adapter_key
 from ckpt_tools.topology import Topology, TrainingStep, read_training_step, training_step_json
 from ckpt_tools.train import rng, state_dicts
 from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
@@ -36,6 +37,7 @@ from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config
 from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
+from ckpt_tools.train.safetensors_io import save_state_dict
 from ckpt_tools.train.sampler import GlobalOrderSampler
 
 
@@ -120,10 +122,12 @@ class CheckpointManager:
     def _write_gathered(self, directory: Path, full: dict[str, torch.Tensor]) -> None:
         s = self.state
         if s.peft_model is not None:
-            s.peft_model.save_pretrained(str(directory), state_dict=full, safe_serialization=True)
-        else:
-            from ckpt_tools.train.safetensors_io import save_state_dict
+            from peft.utils import get_peft_model_state_dict
 
+            # peft's own naming (no adapter name), which PeftModel.from_pretrained expects.
+            adapter = get_peft_model_state_dict(s.peft_model, state_dict=full)
+            save_state_dict(adapter, directory / layout.ADAPTER_WEIGHTS)
+        else:
             save_state_dict(full, directory / layout.MODEL_WEIGHTS)
 
     def _save_optimizer(self, paths: StepPaths) -> None:
@@ -335,7 +339,7 @@ def _read_json(path: Path) -> Any:
 
 def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
     """Map saved adapter names (no adapter name, peft's convention) onto live parameter names."""
-    by_saved = {k.replace(".default.", "."): k for k in model_keys}
+    by_saved = {saved_adapter_key(k): k for k in model_keys}
     out = {}
     for key, value in adapter.items():
         if key not in by_saved:

@@ -212,6 +212,8 @@ class TrainConfig:
             return
         if self.peft.method_type.upper() != "LORA":
             raise ConfigError(f"--peft.method_type={self.peft.method_type}: only LORA is supported")
+        if self.policy is not None and not self.policy.path:
+            raise ConfigError("--peft.* needs --policy.path (the saved base policy the adapter is trained on)")
         if self.peft.r <= 0:
             raise ConfigError(f"--peft.r={self.peft.r}: must be positive")
 

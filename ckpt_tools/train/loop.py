@@ -84,7 +84,8 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     peft_model = None
     model: torch.nn.Module = policy
     if cfg.peft is not None:
-        peft_model = peft_support.apply_lora(policy, cfg.peft)
+        assert cfg.policy.path is not None  # validated: PEFT adapts a saved base policy
+        peft_model = peft_support.apply_lora(policy, cfg.peft, cfg.policy.path)
         model = peft_model
     precision = resolve_precision(cfg, sharded)
     if precision.mode != "no" or precision.uses_fsdp_policy:

@@ -15,7 +15,8 @@ from ckpt_tools.train.config import PeftConfig
 DEFAULT_TARGETS = ["linear1", "linear2", "state_proj", "linear"]
 
 
-def apply_lora(policy: nn.Module, cfg: PeftConfig) -> Any:
+def apply_lora(policy: nn.Module, cfg: PeftConfig, base_path: str) -> Any:
+    """Wrap ``policy`` in a LoRA PeftModel; ``base_path`` is recorded in adapter_config.json."""
     from peft import LoraConfig, get_peft_model
 
     present = {name.rsplit(".", 1)[-1] for name, m in policy.named_modules() if isinstance(m, nn.Linear)}
@@ -38,7 +39,10 @@ def apply_lora(policy: nn.Module, cfg: PeftConfig) -> Any:
         target_modules=targets,
         modules_to_save=modules_to_save,
     )
-    return get_peft_model(policy, lora)
+    model = get_peft_model(policy, lora)
+    # get_peft_model takes the base path from the model's `name_or_path`, which a policy lacks.
+    model.peft_config["default"].base_model_name_or_path = base_path
+    return model
 
 
 def upcast_trainable(model: nn.Module) -> None:

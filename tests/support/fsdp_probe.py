@@ -1,0 +1,58 @@
+"""Run under torchrun: lay an ACT policy out with the training core's ``parallelize`` and report
+what FSDP2 really does with ``reshard_after_forward`` and ``cpu_offload`` (one JSON line, rank 0).
+
+    torchrun --standalone --nproc-per-node=2 tests/support/fsdp_probe.py '{"reshard_after_forward": false}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def main() -> None:
+    from ckpt_tools.train.config import FSDPConfig
+    from ckpt_tools.train.distributed import init_distributed, teardown
+    from ckpt_tools.train.parallel import parallelize
+    from ckpt_tools.train.policies import make_policy
+    from ckpt_tools.train.policies.configs import ACTConfig
+    from ckpt_tools.train.precision import PrecisionPlan
+
+    fsdp = FSDPConfig(**json.loads(sys.argv[1]))
+    env = init_distributed()
+    torch.manual_seed(0)
+    policy = make_policy(ACTConfig(state_dim=14, action_dim=7, dim_model=32, dim_feedforward=64, n_heads=2))
+    parallel = parallelize(policy, type(policy), env, 1, env.world_size, fsdp, PrecisionPlan(mode="no", sharded=True))
+    unit = policy.encoder.layers[0]
+    before = isinstance(unit.linear1.weight, DTensor)
+    local_numel = unit.linear1.weight.to_local().numel() if before else None
+    full_numel = unit.linear1.weight.numel()
+    batch = {
+        "observation.state": torch.randn(4, 14),
+        "action": torch.randn(4, 10, 7),
+        "action_is_pad": torch.zeros(4, 10, dtype=torch.bool),
+    }
+    loss, _ = parallel.module(batch)
+    after_forward = isinstance(unit.linear1.weight, DTensor)
+    group = unit._get_fsdp_state()._fsdp_param_group
+    report = {
+        "sharded_before_forward": before,
+        "sharded_after_forward": after_forward,
+        "offload_policy": type(group.offload_policy).__name__,
+        "params_offloaded": all(p.offload_to_cpu for p in group.fsdp_params),
+        "local_numel": local_numel,
+        "full_numel": full_numel,
+        "notes": parallel.notes,
+    }
+    loss.backward()
+    if env.is_main:
+        print(json.dumps(report), flush=True)
+    del parallel, policy, unit, group
+    teardown(env)
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,7 @@ from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.base import PreTrainedPolicy
 from ckpt_tools.train.precision import make_scaler, resolve_precision
 from ckpt_tools.train.processors import Pipeline, make_processors
+from ckpt_tools.train.sampler import GlobalOrderSampler
 
 
 def log(env: DistEnv, message: str) -> None:
@@ -70,67 +71,23 @@ def build_policy(cfg: TrainConfig, dataset: RobotDataset) -> tuple[PreTrainedPol
 def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> None:
     dp_replicate, dp_shard = cfg.validate_for_world(env.world_size)
     topology = Topology(env.world_size, dp_replicate, dp_shard, env.nnodes)
-    sharded = topology.layout.sharded
     checkpoints_root = Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR
     if resume_from is None and layout.list_step_dirs(checkpoints_root):
         raise ConfigError(
             f"--output_dir={cfg.output_dir}: already holds checkpoints; pass --resume=true"
             " --config_path=... to continue, or choose another --output_dir"
         )
-    dataset_root = resolve_root(cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision)
-    assert cfg.policy is not None
-    dataset = load_dataset(dataset_root, cfg.policy.chunk_size)
-    policy, pre, post = build_policy(cfg, dataset)
-    peft_model = None
-    model: torch.nn.Module = policy
-    if cfg.peft is not None:
-        assert cfg.policy.path is not None  # validated: PEFT adapts a saved base policy
-        peft_model = peft_support.apply_lora(policy, cfg.peft, cfg.policy.path)
-        model = peft_model
-    precision = resolve_precision(cfg, sharded)
-    if precision.mode != "no" or precision.uses_fsdp_policy:
-        peft_support.upcast_trainable(model)
-    model.to(env.device)
-    parallel = parallelize(model, type(policy), env, dp_replicate, dp_shard, cfg.accelerator.fsdp, precision)
-    trainable = [p for p in parallel.inner.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable,
-        lr=cfg.optimizer.lr,
-        betas=tuple(cfg.optimizer.betas),  # type: ignore[arg-type]
-        eps=cfg.optimizer.eps,
-        weight_decay=cfg.optimizer.weight_decay,
-    )
-    scheduler = make_scheduler(cfg, optimizer)
-    from ckpt_tools.train.sampler import GlobalOrderSampler
-
-    sampler = GlobalOrderSampler(len(dataset), cfg.seed, cfg.batch_size, env.rank, env.world_size)
-    state = TrainingState(
-        cfg=cfg,
-        env=env,
-        parallel=parallel,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        scaler=make_scaler(precision, env.device),
-        sampler=sampler,
-        precision=precision,
-        preprocessor=pre,
-        postprocessor=post,
-        peft_model=peft_model,
-    )
+    state, dataset, counts = build_state(cfg, env, topology)
     manager = CheckpointManager(state)
-    # Each worker draws its own dropout masks; the same seeds give the same masks on every layout.
-    torch.manual_seed(cfg.seed + 1 + env.rank)
-    n_params = sum(p.numel() for p in policy.parameters())
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    for line in banner_lines(
-        cfg, topology, parallel, precision, n_params, n_trainable, len(dataset), str(env.backend or "none")
-    ):
+    banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), str(env.backend))
+    for line in banner:
         log(env, line)
     if resume_from is not None:
         report = manager.load(resume_from)
+        position = state.sampler.position()
         log(
             env,
-            f"resumed from {report.source} at step {report.step} (epoch {sampler.position().epoch}, offset {sampler.position().offset})",
+            f"resumed from {report.source} at step {report.step} (epoch {position.epoch}, offset {position.offset})",
         )
         for warning in report.warnings:
             log(env, f"warning: {warning}")
@@ -138,7 +95,59 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     train_steps(state, manager, dataset, tracker)
     if tracker is not None:
         tracker.finish()
-    del parallel, model, optimizer, state, manager
+
+
+def build_state(
+    cfg: TrainConfig, env: DistEnv, topology: Topology
+) -> tuple[TrainingState, RobotDataset, tuple[int, int]]:
+    """Dataset, policy (+ LoRA), layout, optimizer, scheduler, scaler and sampler, ready to train.
+
+    Returns the state, the dataset and (parameter count, trainable count) for the banner.
+    """
+    assert cfg.policy is not None
+    dataset = load_dataset(
+        resolve_root(cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision), cfg.policy.chunk_size
+    )
+    policy, pre, post = build_policy(cfg, dataset)
+    peft_model = None
+    model: torch.nn.Module = policy
+    if cfg.peft is not None:
+        assert cfg.policy.path is not None  # validated: PEFT adapts a saved base policy
+        peft_model = model = peft_support.apply_lora(policy, cfg.peft, cfg.policy.path)
+    precision = resolve_precision(cfg, topology.layout.sharded)
+    if precision.mode != "no" or precision.uses_fsdp_policy:
+        peft_support.upcast_trainable(model)
+    model.to(env.device)
+    counts = (
+        sum(p.numel() for p in policy.parameters()),
+        sum(p.numel() for p in model.parameters() if p.requires_grad),
+    )
+    parallel = parallelize(
+        model, type(policy), env, topology.dp_replicate, topology.dp_shard, cfg.accelerator.fsdp, precision
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in parallel.inner.parameters() if p.requires_grad],
+        lr=cfg.optimizer.lr,
+        betas=tuple(cfg.optimizer.betas),  # type: ignore[arg-type]
+        eps=cfg.optimizer.eps,
+        weight_decay=cfg.optimizer.weight_decay,
+    )
+    state = TrainingState(
+        cfg=cfg,
+        env=env,
+        parallel=parallel,
+        optimizer=optimizer,
+        scheduler=make_scheduler(cfg, optimizer),
+        scaler=make_scaler(precision, env.device),
+        sampler=GlobalOrderSampler(len(dataset), cfg.seed, cfg.batch_size, env.rank, env.world_size),
+        precision=precision,
+        preprocessor=pre,
+        postprocessor=post,
+        peft_model=peft_model,
+    )
+    # Each worker draws its own dropout masks; the same seeds give the same masks on every layout.
+    torch.manual_seed(cfg.seed + 1 + env.rank)
+    return state, dataset, counts
 
 
 def train_steps(state: TrainingState, manager: CheckpointManager, dataset: RobotDataset, tracker: Any) -> None:
@@ -168,7 +177,8 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
         else:
             scaled.backward()
         if last_micro:
-            all_reduce_ignored_grads(parallel) if parallel.ignored_params else None
+            if parallel.ignored_params:
+                all_reduce_ignored_grads(parallel)
             if state.scaler is not None:
                 state.scaler.unscale_(state.optimizer)
             window.grad_norm = clip_grad_norm(params, cfg.optimizer.grad_clip_norm, parallel)

@@ -20,7 +20,11 @@ from ckpt_tools import __version__
 from ckpt_tools.errors import CkptError
 
 # One module per command; each adds itself to ``app`` at import time.
-COMMAND_MODULES: tuple[str, ...] = ("ckpt_tools.cli.hub",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "ckpt_tools.cli.hub",
+    "ckpt_tools.cli.convert",
+    "ckpt_tools.cli.inspect",
+)
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 fine; 1 checks failed (unhealthy / not resumable); 2 bad usage;"

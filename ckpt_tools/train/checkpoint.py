@@ -33,11 +33,11 @@ from ckpt_tools.train import rng, state_dicts
 from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.distributed import DistEnv, barrier
+from ckpt_tools.train.gather_save import save_gathered
 from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config
 from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
-from ckpt_tools.train.safetensors_io import save_state_dict
 from ckpt_tools.train.sampler import GlobalOrderSampler
 
 
@@ -111,24 +111,14 @@ class CheckpointManager:
         s = self.state
         only = self._peft_trainable()
         fmt = s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS
+        sd = state_dicts.sharded_model_state(s.parallel, only)  # views of the live shards, no copies
         if fmt.has_dcp:
-            sd = state_dicts.sharded_model_state(s.parallel, only)
             dcp.save({layout.MODEL_DCP_KEY: sd}, checkpoint_id=paths.model_dcp)
         if fmt.has_gathered:
-            full = state_dicts.full_model_state(s.parallel, only)
-            if s.env.is_main:
-                self._write_gathered(paths.pretrained_model, full)
-
-    def _write_gathered(self, directory: Path, full: dict[str, torch.Tensor]) -> None:
-        s = self.state
-        if s.peft_model is not None:
-            from peft.utils import get_peft_model_state_dict
-
-            # peft's own naming (no adapter name), which PeftModel.from_pretrained expects.
-            adapter = get_peft_model_state_dict(s.peft_model, state_dict=full)
-            save_state_dict(adapter, directory / layout.ADAPTER_WEIGHTS)
-        else:
-            save_state_dict(full, directory / layout.MODEL_WEIGHTS)
+            if s.peft_model is not None:  # peft's saved naming: no adapter name in the keys
+                sd = {saved_adapter_key(k): v for k, v in sd.items()}
+            name = layout.ADAPTER_WEIGHTS if s.peft_model is not None else layout.MODEL_WEIGHTS
+            save_gathered(sd, paths.pretrained_model / name, s.parallel, s.env)
 
     def _save_optimizer(self, paths: StepPaths) -> None:
         s = self.state
@@ -259,7 +249,7 @@ class CheckpointManager:
         reader = CountingReader(directory)
         try:
             dcp.load(state, storage_reader=reader)
-        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
             raise _dcp_error(directory, e) from None
         prefix = directory.relative_to(step_root)
         for name, length in reader.requested.items():

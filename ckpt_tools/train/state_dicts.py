@@ -46,15 +46,6 @@ def sharded_model_state(parallel: ParallelModel, only: set[str] | None) -> dict[
     return _keep(get_model_state_dict(parallel.inner), only)
 
 
-def full_model_state(parallel: ParallelModel, only: set[str] | None) -> dict[str, torch.Tensor]:
-    """Collective on sharded runs: the fp32 master weights, on the main rank only ({} elsewhere)."""
-    if parallel.sharded:
-        state = get_model_state_dict(parallel.inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        state = {k: v.detach().cpu() for k, v in parallel.inner.state_dict().items()}
-    return _keep(state, only)
-
-
 def load_full_model_state(parallel: ParallelModel, state: dict[str, torch.Tensor], partial: bool) -> None:
     options = StateDictOptions(full_state_dict=True, strict=not partial)
     set_model_state_dict(parallel.inner, state, options=options)

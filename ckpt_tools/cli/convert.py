@@ -1,0 +1,203 @@
+"""``ckpt-tools convert-dcp``: parse, call :func:`ckpt_tools.convert.convert_dcp`, print.
+
+Heavy modules (numpy, tqdm, huggingface_hub) are imported by the API only when a conversion
+actually runs, so ``--help`` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
+from ckpt_tools.errors import UsageError
+
+CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
+
+CHECKPOINT_DIR is a step dir, its pretrained_model/, a DCP dir itself, or a checkpoints root
+(its `last` step). Tensors stream one by one: memory stays about one tensor whatever the model
+size. PEFT checkpoints give adapter_model.safetensors with peft's key names. The output goes
+next to the shards (pretrained_model/) unless --output says otherwise, through a temporary
+file renamed into place: a failure leaves no partial output and the shards untouched.
+--delete-dcp removes the shards only after the written files were read back and verified.
+
+\b
+Examples:
+  ckpt-tools convert-dcp outputs/train/checkpoints/last
+  ckpt-tools convert-dcp --checkpoint-dir outputs/train/checkpoints/005000 --dtype bf16
+  ckpt-tools convert-dcp CKPT --max-shard-size 2GB --output exported/
+  ckpt-tools convert-dcp CKPT --dry-run --json
+  ckpt-tools convert-dcp CKPT --what optimizer      # training_state/optimizer_0 → optimizer_state_flat.safetensors
+  ckpt-tools convert-dcp CKPT --delete-dcp --push-to-hub alice/act-pusht
+
+{EXIT_CODES_HELP}
+"""
+
+
+@app.command("convert-dcp", help=CONVERT_HELP, no_args_is_help=True)
+@handled
+def convert_dcp_command(
+    checkpoint: Annotated[
+        Path | None, typer.Argument(metavar="[CHECKPOINT_DIR]", help="Step dir, pretrained_model/ or DCP dir.")
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option("--checkpoint-dir", "--checkpoint_dir", help="Same as CHECKPOINT_DIR.")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Output directory, or a .safetensors file path when not sharded."),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="fp32, bf16 or fp16 for floating tensors (default: as saved).")
+    ] = None,
+    max_shard_size: Annotated[
+        str | None,
+        typer.Option("--max-shard-size", help="Split into Hub-style shards + index: bytes or 500MB, 2GB, 1GiB."),
+    ] = None,
+    what: Annotated[str | None, typer.Option("--what", help="model (default) or optimizer.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and sizes; write nothing.")] = False,
+    delete_dcp: Annotated[
+        bool, typer.Option("--delete-dcp", help="Delete the DCP shards after the output is written and verified.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+    push_to_hub: Annotated[
+        str | None, typer.Option("--push-to-hub", metavar="REPO", help="Publish the converted folder to the Hub.")
+    ] = None,
+    private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    if checkpoint is not None and checkpoint_dir is not None and checkpoint != checkpoint_dir:
+        raise UsageError("give the checkpoint either as CHECKPOINT_DIR or with --checkpoint-dir, not both")
+    source = checkpoint_dir or checkpoint
+    if source is None:
+        raise UsageError("missing CHECKPOINT_DIR (or --checkpoint-dir)")
+    run_convert(
+        source,
+        output=output,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        what=what,
+        dry_run=dry_run,
+        delete_dcp=delete_dcp,
+        overwrite=overwrite,
+        push_to_hub=push_to_hub,
+        private=private,
+        json_out=json_out,
+        quiet=quiet,
+    )
+
+
+def run_convert(
+    source: Path,
+    *,
+    output: Path | None = None,
+    dtype: str | None = None,
+    max_shard_size: str | None = None,
+    what: str | None = None,
+    dry_run: bool = False,
+    delete_dcp: bool = False,
+    overwrite: bool = False,
+    push_to_hub: str | None = None,
+    private: bool = False,
+    json_out: bool = False,
+    quiet: bool = False,
+) -> None:
+    """Shared by ``convert-dcp`` and the seed alias ``lerobot-convert-dcp``."""
+    from ckpt_tools.convert import convert_dcp, delete_converted_dcp
+
+    push = _pusher(push_to_hub) if push_to_hub and not dry_run else None
+    with _sigterm_as_interrupt():
+        result = convert_dcp(
+            source,
+            output=output,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            what=what,
+            dry_run=dry_run,
+            delete_dcp=delete_dcp and push is None,
+            overwrite=overwrite,
+            verify=push is not None,
+            progress=not quiet and not json_out,
+        )
+        pushed = None
+        if push is not None:
+            pushed = push(result.plan.output_dir, push_to_hub, private=private)
+            if delete_dcp:
+                result = delete_converted_dcp(result)
+    if json_out:
+        payload = result.to_dict()
+        if pushed is not None:
+            payload["hub"] = pushed.to_dict()
+        emit_json(payload)
+        return
+    _print_result(result, pushed)
+
+
+def _pusher(repo_id: str) -> Any:
+    """``ckpt_tools.hub.push_converted``, after checking the repo id before any work is done."""
+    try:
+        from ckpt_tools.hub import check_repo_id, push_converted
+    except ImportError:
+        raise UsageError("--push-to-hub: Hub publishing is not available in this installation yet") from None
+    check_repo_id(repo_id, flag="--push-to-hub")
+    return push_converted
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM mid-conversion unwinds like Ctrl-C, so temporary files are removed."""
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_result(result: Any, pushed: Any) -> None:
+    plan = result.plan
+    dtype = plan.dtype or "as saved"
+    kind = "PEFT adapter" if plan.peft else plan.what
+    if result.dry_run:
+        typer.echo(f"Dry run - nothing written. Would convert the {kind} in {plan.dcp_dir}")
+    else:
+        typer.echo(f"Converted the {kind} in {plan.dcp_dir}")
+    typer.echo(f"  {plan.tensor_count} tensors, {_human(plan.total_bytes)} of tensor data, dtype {dtype}")
+    for f in plan.files:
+        typer.echo(
+            f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / f.name}"
+            f"  ({len(f.tensors)} tensors, {_human(f.nbytes)})"
+        )
+    if plan.index_name:
+        typer.echo(f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / plan.index_name}")
+    if not result.dry_run:
+        extra = ", verified" if result.verified else ""
+        typer.echo(f"  took {result.seconds:.2f} s{extra}")
+    if result.deleted_dcp:
+        typer.echo(f"  deleted {plan.dcp_dir}")
+    if pushed is not None:
+        typer.echo(f"  pushed to {pushed.repo_id}: {pushed.commit_url}")
+    for note in result.notes:
+        typer.echo(f"  note: {note}")
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,109 @@
+"""``ckpt-tools inspect``: parse, call :func:`ckpt_tools.inspect.inspect_path`, print, exit by health."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.errors import ExitCode
+
+INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only.
+
+PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir or a
+single .safetensors file. Prints the formats present, PEFT or not, processors, the run's
+topology and batch factorization (training_step.json), parameters and bytes by dtype,
+per-rank shard sizes, and health checks: every file SPEC §4 requires for the recorded
+format, metadata consistency, chunk coverage, file sizes, safetensors headers.
+
+\b
+Examples:
+  ckpt-tools inspect outputs/train/checkpoints
+  ckpt-tools inspect outputs/train/checkpoints/last --tensors
+  ckpt-tools inspect outputs/train/checkpoints/005000/pretrained_model/pytorch_model_fsdp_0 --json
+  ckpt-tools inspect model.safetensors
+
+Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
+"""
+
+
+@app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
+@handled
+def inspect_command(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint path (see above).")],
+    tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor: name, dtype, shape, chunks.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    from ckpt_tools.inspect import inspect_path
+
+    report = inspect_path(path, tensors=tensors)
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        _print_report(report, tensors)
+    if not report.healthy:
+        raise typer.Exit(code=int(ExitCode.CHECK_FAILED))
+
+
+def _print_report(report: Any, tensors: bool) -> None:
+    echo = typer.echo
+    echo(f"{report.path}  ({report.kind.replace('_', ' ')})")
+    if report.kind == "checkpoints_root":
+        steps = ", ".join(f"{s.name}{'' if s.healthy else ' (UNHEALTHY)'}" for s in report.steps) or "none"
+        echo(f"  steps: {steps}")
+        echo(f"  last -> {report.last or '(none)'}")
+        for name in report.partial_saves:
+            echo(f"  partial save: {name} (a save that never completed; resume ignores it)")
+        if report.inspected_step:
+            echo(f"Step {report.inspected_step}:")
+    if report.step is not None or report.training_step is not None:
+        step = report.step if report.step is not None else (report.training_step or {}).get("step")
+        echo(f"  step {step}; formats: {', '.join(report.formats) or 'none'}; PEFT: {_yes(report.peft)}")
+        echo(f"  processors: {', '.join(report.processors) or 'none'}")
+        echo(f"  topology: {report.topology or 'unknown (no training_step.json)'}")
+        if report.batch:
+            echo(f"  batch: {report.batch}")
+    for w in report.weights:
+        dtypes = ", ".join(f"{k} {_human(v)}" for k, v in sorted(w.bytes_by_dtype.items(), key=lambda kv: -kv[1]))
+        echo(
+            f"  weights {w.path} ({w.format}): {w.tensors} tensors, {_count(w.parameters)} parameters,"
+            f" {_human(w.bytes)}{f' ({dtypes})' if dtypes else ''}"
+        )
+        for r in w.ranks:
+            echo(f"    rank {r.rank}: {len(r.files)} file(s), {_human(r.file_bytes)}, {r.chunks} chunks")
+    for note in report.notes:
+        echo(f"  note: {note}")
+    if tensors and report.tensors:
+        width = max(len(t.name) for t in report.tensors)
+        echo("Tensors:")
+        for t in report.tensors:
+            chunks = f"  {len(t.chunks)} chunks" if t.chunks else ""
+            echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
+    echo("Checks:")
+    for c in report.checks:
+        mark = "ok  " if c.ok else ("FAIL" if c.severity == "fail" else "warn")
+        echo(f"  {mark} {c.name}: {c.detail}")
+    failed = sum(c.failed for c in report.checks)
+    echo("healthy" if report.healthy else f"UNHEALTHY: {failed} check(s) failed")
+
+
+def _yes(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

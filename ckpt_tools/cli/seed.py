@@ -1,0 +1,92 @@
+"""``lerobot-convert-dcp``: the seed's command, with the seed's ``--flag=value`` spellings verbatim.
+
+    lerobot-convert-dcp --checkpoint_dir=outputs/train/checkpoints/last --delete_dcp=true \\
+        --push_to_hub=user/repo
+
+Also ``--output=``, ``--dtype=``, ``--max_shard_size=``, ``--dry_run=true``, ``--what=``,
+``--overwrite=true``, ``--private=true``, ``--json=true``, ``--quiet=true``. Booleans take
+true/false/1/0/yes/no (or no value, meaning true). Everything else is ``convert-dcp``'s code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ckpt_tools.errors import CkptError, ExitCode
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message}\n")
+        raise SystemExit(int(ExitCode.USAGE))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="lerobot-convert-dcp",
+        description="Merge pytorch_model_fsdp_0/ DCP shards into model.safetensors (alias of ckpt-tools convert-dcp).",
+        epilog="Example: lerobot-convert-dcp --checkpoint_dir=outputs/train/checkpoints/last --delete_dcp=true",
+    )
+    p.add_argument("--checkpoint_dir", "--checkpoint-dir", required=True, help="step dir or its pretrained_model/")
+    p.add_argument("--output", default=None, help="output directory (default: next to the shards)")
+    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: as saved)")
+    p.add_argument("--max_shard_size", "--max-shard-size", default=None, help="e.g. 2GB")
+    p.add_argument("--what", default=None, choices=["model", "optimizer"], help="what to convert (default: model)")
+    p.add_argument("--push_to_hub", "--push-to-hub", default=None, metavar="REPO", help="publish to this Hub repo")
+    booleans = {
+        "delete_dcp": "delete the DCP shards after the output is written and verified",
+        "dry_run": "print the plan, write nothing",
+        "overwrite": "replace existing output files",
+        "private": "with --push_to_hub: create the repo private",
+        "json": "print the result as JSON",
+        "quiet": "no progress bar",
+    }
+    for flag, text in booleans.items():
+        names = dict.fromkeys([f"--{flag}", f"--{flag.replace('_', '-')}"])
+        p.add_argument(*names, dest=flag, type=_bool, nargs="?", const=True, default=False, metavar="BOOL", help=text)
+    return p
+
+
+def convert_dcp_main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from ckpt_tools.cli.convert import run_convert
+
+    try:
+        run_convert(
+            Path(args.checkpoint_dir),
+            output=Path(args.output) if args.output else None,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            what=args.what,
+            dry_run=args.dry_run,
+            delete_dcp=args.delete_dcp,
+            overwrite=args.overwrite,
+            push_to_hub=args.push_to_hub,
+            private=args.private,
+            json_out=args.json,
+            quiet=args.quiet,
+        )
+    except CkptError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(int(e.exit_code)) from None
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    convert_dcp_main()

@@ -1,0 +1,631 @@
+"""``convert_dcp``: merge DCP shards into safetensors, streaming, atomically, without torch.
+
+The flow is plan → write → (verify) → commit → (delete):
+
+1. *plan*: find the DCP directory, load its chunk index and refuse anything unsafe or
+   inconsistent; read every chunk's archive header (a few hundred bytes each) so byte counts,
+   dtypes and shapes are checked before a single output byte is written; name the outputs
+   (``model.safetensors``, ``adapter_model.safetensors`` for PEFT, Hub-style shards with
+   ``--max-shard-size``, or a flat optimizer file).
+2. *write*: one temporary sibling per output file, tensor after tensor (see
+   :mod:`ckpt_tools.assemble` and :mod:`ckpt_tools.st_writer`), each fsynced.
+3. *verify* (with ``delete_dcp``): re-read every written byte and compare it with the chunks.
+4. *commit*: rename the temporaries into place, the index file last.
+5. *delete* (with ``delete_dcp``): only now remove the DCP directory.
+
+Any failure before the commit removes the temporaries: no partial output, inputs untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools import casting, peft_keys
+from ckpt_tools import layout as L
+from ckpt_tools.assemble import Copy, tensor_pieces
+from ckpt_tools.dcp import dtypes
+from ckpt_tools.dcp.dtypes import DType
+from ckpt_tools.dcp.files import ShardFiles, pread_exact
+from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
+from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout, read_pickled_object
+from ckpt_tools.dcp.safe_pickle import plain_data
+from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UsageError, WriteError
+from ckpt_tools.fsutil import fsync_dir
+from ckpt_tools.st_header import read_header
+from ckpt_tools.st_writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_size, plan_shards
+
+WHAT_CHOICES = ("model", "optimizer")
+OPTIMIZER_OUTPUT_STEM = "optimizer_state_flat"
+_OBJECT_ALLOWLIST: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str  # the output key
+    source: TensorEntry
+    src_dtype: DType
+    dtype: DType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.numel * self.dtype.itemsize
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.dtype.safetensors, self.shape, self.nbytes)
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    name: str
+    tensors: tuple[PlannedTensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class ConvertPlan:
+    """Everything a conversion will do, computed before anything is written (``--dry-run`` prints it)."""
+
+    dcp_dir: Path
+    output_dir: Path
+    what: str
+    peft: bool
+    dtype: str | None  # None: every tensor keeps its saved dtype
+    files: tuple[PlannedFile, ...]
+    index_name: str | None
+    index: dict[str, Any] | None
+    metadata: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(f.tensors) for f in self.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+    @property
+    def output_paths(self) -> list[Path]:
+        paths = [self.output_dir / f.name for f in self.files]
+        if self.index_name:
+            paths.append(self.output_dir / self.index_name)
+        return paths
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dcp_dir": str(self.dcp_dir),
+            "output_dir": str(self.output_dir),
+            "what": self.what,
+            "peft": self.peft,
+            "dtype": self.dtype or "as saved",
+            "tensor_count": self.tensor_count,
+            "total_bytes": self.total_bytes,
+            "files": [{"name": f.name, "bytes": f.nbytes, "tensors": len(f.tensors)} for f in self.files]
+            + ([{"name": self.index_name, "bytes": None, "tensors": 0}] if self.index_name else []),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    plan: ConvertPlan
+    output_files: tuple[Path, ...]
+    tensor_count: int
+    bytes: int
+    dry_run: bool
+    verified: bool = False
+    deleted_dcp: bool = False
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output_files": [str(p) for p in self.output_files],
+            "tensor_count": self.tensor_count,
+            "bytes": self.bytes,
+            "dry_run": self.dry_run,
+            "verified": self.verified,
+            "deleted_dcp": self.deleted_dcp,
+            "seconds": round(self.seconds, 3),
+            "plan": self.plan.to_dict(),
+            "notes": list(self.notes),
+        }
+
+
+# ====================================================================== the API
+
+
+def convert_dcp(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    output: str | os.PathLike[str] | None = None,
+    dtype: str | None = None,
+    max_shard_size: str | int | None = None,
+    dry_run: bool = False,
+    delete_dcp: bool = False,
+    what: str | None = None,
+    overwrite: bool = False,
+    verify: bool = False,
+    progress: bool = True,
+) -> ConvertResult:
+    """Merge a DCP checkpoint into safetensors.
+
+    ``checkpoint_dir``: a step dir, its ``pretrained_model/`` (or ``training_state/`` for the
+    optimizer), a DCP dir itself, or a checkpoints root (its ``last`` step). ``output``: a
+    directory, or a ``.safetensors`` file path when unsharded; by default the DCP dir's parent.
+    ``dtype``: ``fp32`` / ``bf16`` / ``fp16`` for floating tensors (default: as saved, which
+    is fp32 for master weights). ``what``: ``model`` or ``optimizer`` (default: ``model``, or
+    what a DCP dir given directly holds). ``verify``: re-read every written byte and compare it
+    with the shards before committing (always done with ``delete_dcp``). ``overwrite``: replace
+    existing output files (refused otherwise). Raises :class:`~ckpt_tools.errors.CkptError` only.
+    """
+    start = time.perf_counter()
+    out_dtype = _output_dtype(dtype)
+    shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    if what is not None and what not in WHAT_CHOICES:
+        raise UsageError(f"--what must be one of {', '.join(WHAT_CHOICES)}, got {what!r}")
+    source = _resolve_source(Path(checkpoint_dir), what)
+    index = ChunkIndex.load(source.dcp_dir)
+    index.require_valid()
+    with ShardFiles(index.root) as files:
+        plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output)
+        if dry_run:
+            notes = plan.notes + (("--delete-dcp ignored: dry run",) if delete_dcp else ())
+            existing = [p for p in plan.output_paths if p.exists()]
+            if existing:
+                verb = "would be replaced (--overwrite)" if overwrite else "exists: the conversion needs --overwrite"
+                notes += (f"{existing[0]} {verb}",)
+            return ConvertResult(
+                plan,
+                tuple(plan.output_paths),
+                plan.tensor_count,
+                plan.total_bytes,
+                True,
+                seconds=time.perf_counter() - start,
+                notes=notes,
+            )
+        _check_outputs(plan, overwrite)
+        verify = verify or delete_dcp
+        written = _write_all(plan, layouts, files, progress=progress, verify=verify)
+    result = ConvertResult(
+        plan,
+        tuple(written),
+        plan.tensor_count,
+        plan.total_bytes,
+        False,
+        verified=verify,
+        seconds=time.perf_counter() - start,
+        notes=plan.notes,
+    )
+    return delete_converted_dcp(result) if delete_dcp else result
+
+
+def delete_converted_dcp(result: ConvertResult) -> ConvertResult:
+    """Remove the DCP directory of a conversion whose output was verified (and only then).
+
+    Separate from :func:`convert_dcp` so a caller can do something in between - the CLI
+    publishes to the Hub first and deletes only after the upload succeeded.
+    """
+    if result.dry_run or not result.verified:
+        raise UsageError("refusing to delete DCP shards: the conversion was not written and verified")
+    missing = [p for p in result.output_files if not p.is_file()]
+    if missing:
+        raise WriteError(f"{missing[0]}: converted output vanished; DCP shards kept")
+    _delete_dcp(result.plan.dcp_dir)
+    return replace(result, deleted_dcp=True)
+
+
+# ====================================================================== resolving the input
+
+
+@dataclass(frozen=True)
+class _Source:
+    dcp_dir: Path
+    what: str
+    pretrained_model: Path | None  # where adapter_config.json would be
+    notes: tuple[str, ...] = ()
+
+
+def _resolve_source(path: Path, what: str | None) -> _Source:
+    located = L.locate(path)
+    notes: tuple[str, ...] = ()
+    kind = located.kind
+    if kind is L.PathKind.CHECKPOINTS_ROOT:
+        last = L.resolve_last(path)
+        if last is None:
+            raise CheckpointError(f"{path}: checkpoints root without a usable 'last' link; pass a step directory")
+        notes = (f"converting {last.name}, the step 'last' points at",)
+        located = L.Located(last, L.PathKind.STEP_DIR, L.StepPaths(last), path)
+        kind = located.kind
+    if kind is L.PathKind.SAFETENSORS_FILE:
+        raise UsageError(f"{path}: already a safetensors file; convert-dcp takes a step dir or a DCP directory")
+    step = located.step
+    if kind is L.PathKind.DCP_DIR:
+        dcp_dir = located.path
+        if what is None:
+            what = "optimizer" if dcp_dir.name.startswith(L.OPTIMIZER_DCP_DIR.rsplit("_", 1)[0]) else "model"
+        pm = dcp_dir.parent if (dcp_dir.parent / L.ADAPTER_CONFIG).exists() or step is None else step.pretrained_model
+        return _Source(dcp_dir, what, pm, notes)
+    what = what or "model"
+    if kind is L.PathKind.STEP_DIR:
+        assert step is not None
+        pm, ts = step.pretrained_model, step.training_state
+    elif kind is L.PathKind.PRETRAINED_MODEL:
+        pm, ts = located.path, (step.training_state if step else located.path.parent / L.TRAINING_STATE_DIR)
+    else:  # training_state/
+        ts, pm = located.path, (step.pretrained_model if step else located.path.parent / L.PRETRAINED_MODEL_DIR)
+    dcp_dir = pm / L.MODEL_DCP_DIR if what == "model" else ts / L.OPTIMIZER_DCP_DIR
+    if not dcp_dir.is_dir():
+        if what == "model" and ((pm / L.MODEL_WEIGHTS).exists() or (pm / L.ADAPTER_WEIGHTS).exists()):
+            raise CheckpointError(
+                f"{pm}: no {L.MODEL_DCP_DIR}/ to convert - the weights are already in safetensors form"
+            )
+        raise CheckpointError(f"{dcp_dir}: missing - this checkpoint has no DCP shards for the {what}")
+    return _Source(dcp_dir, what, pm, notes)
+
+
+def _output_dtype(dtype: str | None) -> DType | None:
+    if dtype is None or dtype in ("", "keep", "auto"):
+        return None
+    name = dtypes.OUTPUT_DTYPES.get(dtype.lower(), dtypes.canonical_name(dtype.lower()))
+    if name not in dtypes.OUTPUT_DTYPES.values():
+        raise UsageError(f"--dtype must be one of {', '.join(dtypes.OUTPUT_DTYPES)}, got {dtype!r}")
+    return dtypes.BY_NAME[name]
+
+
+# ====================================================================== planning
+
+
+def _plan(
+    index: ChunkIndex,
+    source: _Source,
+    files: ShardFiles,
+    out_dtype: DType | None,
+    shard_limit: int | None,
+    output: str | os.PathLike[str] | None,
+) -> tuple[ConvertPlan, dict[str, list[ChunkLayout]]]:
+    notes = list(source.notes)
+    top_key = L.MODEL_DCP_KEY if source.what == "model" else L.OPTIMIZER_DCP_KEY
+    top_keys = index.top_level_keys()
+    if top_key not in top_keys and (source.what == "optimizer" or L.OPTIMIZER_DCP_KEY in top_keys):
+        holds = ", ".join(sorted(map(str, top_keys))) or "nothing"
+        raise CheckpointError(f"{index.root}: holds {holds}, not '{top_key}' (use --what to pick)")
+    nested = top_key in top_keys
+
+    names: dict[str, TensorEntry] = {}
+    skipped_outside = 0
+    for entry in index.tensors.values():
+        if nested and entry.path[0] != top_key:
+            skipped_outside += 1
+            continue
+        name = ".".join(str(p) for p in entry.path[1:]) if nested else entry.fqn
+        names[name] = entry
+    if skipped_outside:
+        notes.append(f"skipped {skipped_outside} tensors outside '{top_key}'")
+    if not names:
+        raise CheckpointError(f"{index.root}: no tensors under '{top_key}' to convert")
+
+    peft = False
+    if source.what == "model":
+        has_config = source.pretrained_model is not None and (source.pretrained_model / L.ADAPTER_CONFIG).exists()
+        peft = has_config or peft_keys.looks_like_adapter(list(names))
+        if peft:
+            renamed = {peft_keys.saved_adapter_key(k): v for k, v in names.items()}
+            if len(renamed) != len(names):
+                raise CheckpointError(f"{index.root}: two adapter keys map to the same saved name")
+            names = renamed
+            if shard_limit is not None:
+                raise UsageError("--max-shard-size: PEFT adapters are saved as one adapter_model.safetensors")
+
+    layouts: dict[str, list[ChunkLayout]] = {}
+    planned: list[PlannedTensor] = []
+    for name in sorted(names):
+        entry = names[name]
+        src = dtypes.lookup(entry.dtype, what=f"{index.root}: tensor {entry.fqn}")
+        dst = out_dtype if (out_dtype is not None and src.name in casting.CASTABLE) else src
+        layouts[entry.fqn] = _chunk_layouts(entry, src, files)
+        planned.append(PlannedTensor(name, entry, src, dst))
+    if out_dtype is not None:
+        kept = sorted({t.src_dtype.name for t in planned if t.src_dtype.name not in casting.CASTABLE})
+        if kept:
+            notes.append(f"non-float tensors keep their dtype ({', '.join(kept)})")
+
+    metadata = {"format": "pt"}
+    if source.what == "optimizer":
+        objects, skipped = _decode_objects(index, top_key, files)
+        for key, value in objects.items():  # param_groups, and any non-tensor state entries
+            metadata[key] = json.dumps(value, sort_keys=True, allow_nan=True)
+        notes.extend(skipped)
+    elif index.byte_items:
+        notes.append(f"skipped {len(index.byte_items)} non-tensor items (not weights)")
+
+    stem = "adapter_model" if peft else ("model" if source.what == "model" else OPTIMIZER_OUTPUT_STEM)
+    output_dir, single_name = _output_location(source, output, shard_limit, stem)
+    specs = [t.spec() for t in planned]
+    shards = plan_shards(specs, shard_limit, stem=stem)
+    by_name = {t.name: t for t in planned}
+    planned_files = []
+    for filename, tensor_names in shards.files.items():
+        if shards.index is None and single_name is not None:
+            filename = single_name
+        planned_files.append(PlannedFile(filename, tuple(by_name[n] for n in tensor_names)))
+    plan = ConvertPlan(
+        dcp_dir=index.root,
+        output_dir=output_dir,
+        what=source.what,
+        peft=peft,
+        dtype=out_dtype.name if out_dtype else None,
+        files=tuple(planned_files),
+        index_name=f"{stem}.safetensors.index.json" if shards.index is not None else None,
+        index=shards.index,
+        metadata=metadata,
+        notes=tuple(notes),
+    )
+    return plan, layouts
+
+
+def _chunk_layouts(entry: TensorEntry, src: DType, files: ShardFiles) -> list[ChunkLayout]:
+    out = []
+    for chunk in entry.chunks:
+        what = f"{chunk.file} ({entry.fqn} chunk at {list(chunk.offsets)})"
+        layout = read_chunk_layout(files.fd(chunk.file), chunk.offset, chunk.length, what=what)
+        if layout.dtype.name != src.name:
+            raise CorruptCheckpoint(f"{what}: holds {layout.dtype.name}, .metadata says {src.name}")
+        if layout.size != chunk.sizes:
+            raise CorruptCheckpoint(f"{what}: holds shape {list(layout.size)}, .metadata says {list(chunk.sizes)}")
+        out.append(layout)
+    return out
+
+
+def _output_location(
+    source: _Source, output: str | os.PathLike[str] | None, shard_limit: int | None, stem: str
+) -> tuple[Path, str | None]:
+    if output is None:
+        return source.dcp_dir.parent, None
+    out = Path(output)
+    if out.suffix == ".safetensors":
+        if shard_limit is not None:
+            raise UsageError("--output: give a directory when --max-shard-size may produce several files")
+        return out.parent, out.name
+    return out, None
+
+
+def _decode_objects(index: ChunkIndex, top_key: str, files: ShardFiles) -> tuple[dict[str, Any], list[str]]:
+    """Non-tensor optimizer items (param_groups...) as plain data, by top-level key; others skipped, noted."""
+    tree: dict[Any, Any] = {}
+    skipped: list[str] = []
+    for item in index.byte_items.values():
+        if len(item.path) < 2 or item.path[0] != top_key:
+            continue
+        what = f"{item.file} ({item.fqn})"
+        try:
+            loaded = read_pickled_object(files.fd(item.file), item.offset, item.length, _OBJECT_ALLOWLIST, what=what)
+            value = plain_data(loaded)
+        except (CkptError, ValueError) as e:
+            skipped.append(f"skipped non-tensor item {item.fqn}: {e}")
+            continue
+        node = tree
+        for key in item.path[1:-1]:
+            node = node.setdefault(key, {})
+        node[item.path[-1]] = value
+    return {str(k): _listify(v) for k, v in tree.items()}, skipped
+
+
+def _listify(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    items = {k: _listify(v) for k, v in node.items()}
+    if items and all(isinstance(k, int) for k in items) and sorted(items) == list(range(len(items))):
+        return [items[i] for i in range(len(items))]
+    return {str(k): v for k, v in items.items()}
+
+
+# ====================================================================== writing
+
+
+def _check_outputs(plan: ConvertPlan, overwrite: bool) -> None:
+    existing = [p for p in plan.output_paths if p.exists()]
+    if existing and not overwrite:
+        raise UsageError(f"{existing[0]}: already exists (pass --overwrite to replace it)")
+    need = plan.total_bytes
+    probe = plan.output_dir if plan.output_dir.exists() else _existing_parent(plan.output_dir)
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise WriteError(f"{plan.output_dir}: not enough space ({_human(need)} needed, {_human(free)} free)")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _write_all(
+    plan: ConvertPlan, layouts: dict[str, list[ChunkLayout]], files: ShardFiles, *, progress: bool, verify: bool
+) -> list[Path]:
+    created_dir = None
+    if not plan.output_dir.exists():
+        created_dir = _existing_parent(plan.output_dir)
+        try:
+            plan.output_dir.mkdir(parents=True)
+        except OSError as e:
+            raise WriteError(f"{plan.output_dir}: cannot create ({e.strerror})") from None
+    writers: list[StreamingWriter] = []
+    index_writer = _IndexWriter(plan) if plan.index is not None else None
+    bar = _progress_bar(plan.total_bytes, enabled=progress)
+    try:
+        for planned_file in plan.files:
+            writer = StreamingWriter(
+                plan.output_dir / planned_file.name, [t.spec() for t in planned_file.tensors], plan.metadata
+            )
+            writers.append(writer)
+            writer.open()
+            for tensor in planned_file.tensors:
+                writer.begin(tensor.name)
+                for piece in tensor_pieces(tensor.source, layouts[tensor.source.fqn], files, tensor.dtype):
+                    if isinstance(piece, Copy):
+                        writer.copy_from(piece.fd, piece.offset, piece.length, what=piece.what)
+                        bar.update(piece.length)
+                    else:
+                        writer.write(piece)
+                        bar.update(len(piece))
+                writer.end()
+            writer.finish()
+        if verify:
+            for writer, planned_file in zip(writers, plan.files, strict=True):
+                assert writer.tmp is not None
+                _verify_file(writer.tmp, planned_file, layouts, files, plan.metadata)
+        if index_writer is not None:
+            index_writer.write()
+        for writer in writers:
+            writer.commit()
+        if index_writer is not None:
+            index_writer.commit()
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        if index_writer is not None:
+            index_writer.abort()
+        if created_dir is not None:
+            _remove_empty_dirs(plan.output_dir, created_dir)
+        raise
+    finally:
+        bar.close()
+    fsync_dir(plan.output_dir)
+    return plan.output_paths
+
+
+class _IndexWriter:
+    """``*.safetensors.index.json`` through a temporary sibling, renamed after the shards."""
+
+    def __init__(self, plan: ConvertPlan) -> None:
+        assert plan.index_name is not None
+        self.path = plan.output_dir / plan.index_name
+        self.payload = json.dumps(plan.index, indent=2) + "\n"
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+
+    def write(self) -> None:
+        try:
+            with open(self.tmp, "w", encoding="utf-8") as f:
+                f.write(self.payload)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            self.tmp.unlink(missing_ok=True)
+            raise WriteError(f"{self.path}: write failed ({e.strerror})") from None
+
+    def commit(self) -> None:
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+def _remove_empty_dirs(path: Path, stop: Path) -> None:
+    while path != stop and path.is_dir():
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
+# ====================================================================== verification
+
+
+def _verify_file(
+    path: Path,
+    planned: PlannedFile,
+    layouts: dict[str, list[ChunkLayout]],
+    files: ShardFiles,
+    metadata: dict[str, str],
+) -> None:
+    """Re-read ``path`` and compare header and every byte with what the chunks say it must hold."""
+    header = read_header(path)
+    final = path.name
+    if header.problems:
+        raise WriteError(f"{final}: written file failed its header check ({header.problems[0]}); nothing deleted")
+    if list(header.entries) != [t.name for t in planned.tensors] or header.metadata != metadata:
+        raise WriteError(f"{final}: written header does not match the plan; nothing deleted")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for tensor in planned.tensors:
+            entry = header.entries[tensor.name]
+            if entry.dtype != tensor.dtype.safetensors or entry.shape != tensor.shape:
+                raise WriteError(f"{final}: {tensor.name} has the wrong dtype or shape; nothing deleted")
+            pos = header.data_start + entry.begin
+            for piece in tensor_pieces(tensor.source, layouts[tensor.source.fqn], files, tensor.dtype):
+                for expected, n in _piece_blocks(piece):
+                    got = pread_exact(fd, n, pos, what=str(path))
+                    if got != expected:
+                        raise WriteError(
+                            f"{final}: {tensor.name} differs from the DCP shards after writing; nothing deleted"
+                        )
+                    pos += n
+    finally:
+        os.close(fd)
+
+
+def _piece_blocks(piece: Copy | memoryview) -> Iterator[tuple[bytes | memoryview, int]]:
+    if isinstance(piece, Copy):
+        for off in range(0, piece.length, COPY_BLOCK):
+            n = min(COPY_BLOCK, piece.length - off)
+            yield pread_exact(piece.fd, n, piece.offset + off, what=piece.what), n
+    else:
+        for off in range(0, len(piece), COPY_BLOCK):
+            block = piece[off : off + COPY_BLOCK]
+            yield block, len(block)
+
+
+def _delete_dcp(dcp_dir: Path) -> None:
+    try:
+        shutil.rmtree(dcp_dir)
+    except OSError as e:
+        raise WriteError(f"{dcp_dir}: converted and verified, but deleting the shards failed ({e.strerror})") from None
+
+
+# ====================================================================== progress
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, *, enabled: bool) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert-dcp", file=sys.stderr)
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,25 @@
+"""Torch-free reading of ``torch.distributed.checkpoint`` (DCP) directories.
+
+- :mod:`~ckpt_tools.dcp.metadata`: ``.metadata`` through a restricted unpickler;
+- :mod:`~ckpt_tools.dcp.index`: the chunk index and its validation;
+- :mod:`~ckpt_tools.dcp.reader`: one chunk's torch.save archive, headers only;
+- :mod:`~ckpt_tools.dcp.zipblob`: the zip members inside a span of a shard file;
+- :mod:`~ckpt_tools.dcp.dtypes`: torch / safetensors / numpy type names.
+"""
+
+from ckpt_tools.dcp.index import BytesEntry, Chunk, ChunkIndex, Problem, RankShard, TensorEntry
+from ckpt_tools.dcp.metadata import DcpMetadata, load_metadata
+from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout
+
+__all__ = [
+    "BytesEntry",
+    "Chunk",
+    "ChunkIndex",
+    "ChunkLayout",
+    "DcpMetadata",
+    "Problem",
+    "RankShard",
+    "TensorEntry",
+    "load_metadata",
+    "read_chunk_layout",
+]

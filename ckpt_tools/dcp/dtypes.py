@@ -1,0 +1,115 @@
+"""Tensor element types as torch names them, and what safetensors and numpy call them.
+
+A DCP checkpoint names dtypes the way torch pickles them (``torch.float32`` in ``.metadata``,
+``torch.FloatStorage`` or ``torch.UntypedStorage`` + dtype inside each chunk blob). The tools
+never import torch, so this table is the one place where those names meet the safetensors
+codes we write and the numpy types we compute with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_tools.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class DType:
+    """One element type. ``numpy`` is None where numpy has no exact equivalent (bf16, fp8)."""
+
+    name: str  # torch's canonical name, without "torch."
+    safetensors: str  # the safetensors header code
+    itemsize: int
+    numpy: str | None
+    floating: bool
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_TABLE = (
+    DType("float64", "F64", 8, "<f8", True),
+    DType("float32", "F32", 4, "<f4", True),
+    DType("float16", "F16", 2, "<f2", True),
+    DType("bfloat16", "BF16", 2, None, True),
+    DType("float8_e4m3fn", "F8_E4M3", 1, None, True),
+    DType("float8_e5m2", "F8_E5M2", 1, None, True),
+    DType("int64", "I64", 8, "<i8", False),
+    DType("int32", "I32", 4, "<i4", False),
+    DType("int16", "I16", 2, "<i2", False),
+    DType("int8", "I8", 1, "|i1", False),
+    DType("uint64", "U64", 8, "<u8", False),
+    DType("uint32", "U32", 4, "<u4", False),
+    DType("uint16", "U16", 2, "<u2", False),
+    DType("uint8", "U8", 1, "|u1", False),
+    DType("bool", "BOOL", 1, "|b1", False),
+)
+
+BY_NAME: dict[str, DType] = {d.name: d for d in _TABLE}
+BY_SAFETENSORS: dict[str, DType] = {d.safetensors: d for d in _TABLE}
+
+# torch's aliases: a pickle names the canonical one, but older writers and users may not.
+_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+}
+
+# Every dtype name torch has had, supported or not: `.metadata` may mention any of them, and
+# an unsupported one is a clear "unsupported dtype", never an "unsafe global".
+TORCH_DTYPE_NAMES: frozenset[str] = frozenset(
+    {*BY_NAME, *_ALIASES}
+    | {"complex32", "chalf", "complex64", "cfloat", "complex128", "cdouble"}
+    | {"qint8", "quint8", "qint32", "quint4x2", "quint2x4"}
+    | {"float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"}
+    | {"bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"}
+    | {f"int{n}" for n in range(1, 8)}
+    | {f"uint{n}" for n in range(1, 8)}
+)
+
+# The legacy typed-storage classes torch.save names in data.pkl (``_rebuild_tensor_v2``).
+STORAGE_CLASSES: dict[str, str] = {
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64",
+    "QInt8Storage": "qint8",
+    "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32",
+    "QUInt4x2Storage": "quint4x2",
+    "QUInt2x4Storage": "quint2x4",
+}
+
+# Output dtypes a user may ask convert-dcp for.
+OUTPUT_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def canonical_name(name: str) -> str:
+    """``torch.float`` → ``float32``: the name torch prints for that dtype."""
+    name = name.removeprefix("torch.")
+    return _ALIASES.get(name, name)
+
+
+def lookup(name: str, *, what: str = "tensor") -> DType:
+    """The :class:`DType` for a torch dtype name; a clear error for one we cannot handle."""
+    canonical = canonical_name(name)
+    found = BY_NAME.get(canonical)
+    if found is None:
+        supported = ", ".join(d.name for d in _TABLE)
+        raise CheckpointError(f"{what}: dtype {canonical} is not supported (supported: {supported})")
+    return found
+
+
+def is_known(name: str) -> bool:
+    return canonical_name(name) in BY_NAME

@@ -1,0 +1,510 @@
+"""``inspect_path``: what a checkpoint path holds and whether it is healthy - from headers only.
+
+Works on a checkpoints root, a step dir, ``pretrained_model/``, ``training_state/``, a DCP
+dir or a single ``.safetensors`` file. It reads ``training_step.json``, DCP ``.metadata``,
+the few hundred header bytes of each chunk archive and each safetensors header - never
+tensor data - so it takes the same fraction of a second on any model size.
+
+Health checks have two severities: ``fail`` (the checkpoint is broken: a file SPEC §4 requires
+is missing, metadata is inconsistent, chunks do not tile a tensor, a file is truncated) and
+``warn`` (worth knowing, still loadable: a crashed partial save, an unreferenced shard file,
+the 0.6.x layout that cannot resume). ``healthy`` is true when no check failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools import layout as L
+from ckpt_tools.dcp import dtypes
+from ckpt_tools.dcp.files import ShardFiles
+from ckpt_tools.dcp.index import ChunkIndex, RankShard
+from ckpt_tools.dcp.reader import read_chunk_layout
+from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.st_header import SafetensorsHeader, read_header
+from ckpt_tools.topology import TrainingStep, read_training_step
+
+FAIL, WARN = "fail", "warn"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    severity: str = FAIL  # what a not-ok result means: FAIL breaks health, WARN does not
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok and self.severity == FAIL
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[dict[str, Any], ...] = ()  # DCP only: offsets, sizes, file
+
+
+@dataclass(frozen=True)
+class WeightsSummary:
+    """One weights container: a safetensors file (or index) or a DCP directory."""
+
+    path: str
+    format: str  # "safetensors" or "dcp"
+    tensors: int
+    parameters: int
+    bytes: int
+    bytes_by_dtype: dict[str, int]
+    parameters_by_dtype: dict[str, int]
+    ranks: tuple[RankShard, ...] = ()
+    top_level_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    name: str
+    step: int | None
+    healthy: bool
+    failed_checks: int
+
+
+@dataclass
+class InspectReport:
+    path: str
+    kind: str
+    checks: list[Check] = field(default_factory=list)
+    step: int | None = None
+    formats: list[str] = field(default_factory=list)
+    peft: bool | None = None
+    processors: list[str] = field(default_factory=list)
+    training_step: dict[str, Any] | None = None
+    topology: str | None = None
+    batch: str | None = None
+    legacy: bool = False
+    weights: list[WeightsSummary] = field(default_factory=list)
+    steps: list[StepSummary] = field(default_factory=list)
+    last: str | None = None
+    partial_saves: list[str] = field(default_factory=list)
+    inspected_step: str | None = None
+    tensors: list[TensorInfo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not any(c.failed for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["healthy"] = self.healthy
+        for w in out["weights"]:
+            for r in w["ranks"]:
+                r["files"] = list(r["files"])
+        return out
+
+
+# ====================================================================== entry point
+
+
+def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False) -> InspectReport:
+    """Inspect ``path``; raises :class:`CheckpointError` only when it is not a checkpoint at all."""
+    located = L.locate(path)
+    report = InspectReport(path=str(located.path), kind=located.kind.value)
+    kind = located.kind
+    if kind is L.PathKind.CHECKPOINTS_ROOT:
+        _inspect_root(located.path, report, tensors)
+    elif kind is L.PathKind.STEP_DIR:
+        _inspect_step(L.StepPaths(located.path), report, tensors)
+    elif kind in (L.PathKind.PRETRAINED_MODEL, L.PathKind.TRAINING_STATE):
+        if located.step is not None:
+            _inspect_step(located.step, report, tensors, only=kind)
+        else:
+            _inspect_loose_dir(located.path, report, tensors)
+    elif kind is L.PathKind.DCP_DIR:
+        _inspect_dcp(located.path, located.path.name, report, tensors)
+    else:
+        _inspect_safetensors(located.path, located.path.name, report, tensors)
+    return report
+
+
+# ====================================================================== checkpoints root
+
+
+def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
+    steps = L.list_step_dirs(root)
+    last = L.resolve_last(root)
+    link = root / L.LAST_LINK
+    report.partial_saves = [p.name for p in L.list_partial_dirs(root)]
+    for name in report.partial_saves:
+        report.checks.append(Check("partial save", False, f"{name}: left by a save that did not complete", WARN))
+    if link.is_symlink() or link.exists():
+        ok = last is not None and last.parent.resolve() == root.resolve() and L.is_step_dir_name(last.name)
+        report.last = last.name if last is not None else os.readlink(link) if link.is_symlink() else None
+        report.checks.append(
+            Check("last link", ok, f"last -> {report.last}" if ok else f"last -> {report.last}: not a step dir here")
+        )
+    elif steps:
+        report.checks.append(Check("last link", False, "no 'last' link next to the step dirs"))
+    if not steps:
+        report.checks.append(Check("steps", False, f"{root}: no complete step directory"))
+        return
+    target = last if last is not None and last in [s.resolve() for s in steps] else steps[-1]
+    for step_dir in steps:
+        sub = InspectReport(path=str(step_dir), kind=L.PathKind.STEP_DIR.value)
+        _inspect_step(L.StepPaths(step_dir), sub, tensors and step_dir.resolve() == target.resolve())
+        failed = sum(c.failed for c in sub.checks)
+        report.steps.append(StepSummary(step_dir.name, L.StepPaths(step_dir).step, sub.healthy, failed))
+        if step_dir.resolve() == target.resolve():
+            _adopt(report, sub)
+        elif failed:
+            report.checks.append(Check(f"step {step_dir.name}", False, f"{failed} failed checks (inspect it)"))
+    report.inspected_step = target.name
+
+
+def _adopt(report: InspectReport, sub: InspectReport) -> None:
+    """Take the inspected step's details into the root report (checks prefixed with its name)."""
+    name = Path(sub.path).name
+    report.checks.extend(Check(f"{name}: {c.name}", c.ok, c.detail, c.severity) for c in sub.checks)
+    for attr in ("step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
+        setattr(report, attr, getattr(sub, attr))
+    report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
+
+
+# ====================================================================== one step
+
+
+def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only: L.PathKind | None = None) -> None:
+    report.step = paths.step
+    record = _training_step(paths, report)
+    pm = paths.pretrained_model
+    peft = (pm / L.ADAPTER_CONFIG).exists() or (pm / L.ADAPTER_WEIGHTS).exists()
+    if record is not None and record.peft is not None:
+        peft = peft or record.peft
+    report.peft = peft
+    report.processors = [p.name for p in paths.processor_files()]
+    report.formats = _formats(paths)
+    part = {L.PathKind.PRETRAINED_MODEL: L.PRETRAINED_MODEL_DIR, L.PathKind.TRAINING_STATE: L.TRAINING_STATE_DIR}
+    report.checks.extend(_expected_files(paths, record, peft, part.get(only) if only else None))
+    for f in _weight_files(pm):
+        _inspect_safetensors(f, _rel(paths.root, f), report, tensors and not paths.model_dcp.is_dir())
+    if paths.model_dcp.is_dir():
+        _inspect_dcp(paths.model_dcp, _rel(paths.root, paths.model_dcp), report, tensors, record=record)
+    if only is not L.PathKind.PRETRAINED_MODEL:
+        if paths.optimizer_dcp.is_dir():
+            _inspect_dcp(paths.optimizer_dcp, _rel(paths.root, paths.optimizer_dcp), report, False, record=record)
+        for f in sorted(paths.training_state.glob("*.safetensors")):
+            _header_check(f, _rel(paths.root, f), report)
+    for f in sorted(pm.glob(f"{L.PREPROCESSOR}*.safetensors")) + sorted(pm.glob(f"{L.POSTPROCESSOR}*.safetensors")):
+        _header_check(f, _rel(paths.root, f), report)
+
+
+def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:
+    try:
+        record = read_training_step(paths.training_step)
+    except CheckpointError as e:
+        report.checks.append(Check("training_step.json", False, str(e)))
+        return None
+    report.training_step = record.to_dict()
+    report.legacy = record.is_legacy
+    if record.topology is not None:
+        report.topology = record.topology.describe()
+    elif record.is_legacy:
+        report.topology = (
+            f"unknown: 0.6.x-era record (num_processes={record.legacy_num_processes}, no dp_replicate/dp_shard)"
+        )
+    if record.batch is not None:
+        report.batch = record.batch.describe()
+    summary = record.unknown_summary()
+    if summary and not record.is_legacy:
+        report.notes.append(summary)
+    if record.is_legacy:
+        report.checks.append(
+            Check(
+                "resumable layout",
+                False,
+                "0.6.x-era checkpoint (num_processes, no topology, no optimizer_0/): its weights load as a"
+                " pretrained policy, its training state cannot be resumed",
+                WARN,
+            )
+        )
+    report.checks.append(Check("training_step.json", True, f"step {record.step}"))
+    return record
+
+
+def _formats(paths: L.StepPaths) -> list[str]:
+    pm, out = paths.pretrained_model, []
+    if (pm / L.MODEL_WEIGHTS).exists() or (pm / L.MODEL_WEIGHTS_INDEX).exists():
+        out.append("safetensors")
+    if (pm / L.ADAPTER_WEIGHTS).exists():
+        out.append("safetensors (adapter)")
+    if paths.model_dcp.is_dir():
+        out.append("dcp")
+    if paths.optimizer_dcp.is_dir():
+        out.append("dcp optimizer")
+    elif paths.optimizer_state.exists():
+        out.append("safetensors optimizer")
+    return out
+
+
+def expected_files(record: TrainingStep | None, peft: bool) -> list[tuple[str, str]]:
+    """SPEC §4: the files a step dir must hold for the run ``record`` describes, with why."""
+    pm, ts = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
+    out = [(f"{pm}/{L.POLICY_CONFIG}", "policy config"), (f"{pm}/{L.TRAIN_CONFIG}", "training config")]
+    out += [(f"{ts}/{L.TRAINING_STEP}", "topology record"), (f"{ts}/{L.RNG_STATE}", "RNG state")]
+    if record is None:
+        return out
+    sharded = record.sharded if record.sharded is not None else bool(record.topology and record.topology.layout.sharded)
+    try:
+        fmt = L.CheckpointFormat(record.checkpoint_format or "safetensors")
+    except ValueError:
+        fmt = L.CheckpointFormat.SAFETENSORS
+    weights = L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS
+    if peft:
+        out.append((f"{pm}/{L.ADAPTER_CONFIG}", "PEFT adapter config"))
+    if record.is_legacy:
+        out.append((f"{pm}/{L.MODEL_WEIGHTS}", "0.6.x gathered weights"))
+        return out
+    if not sharded or fmt.has_gathered:
+        out.append((f"{pm}/{weights}", f"gathered weights ({fmt.value})"))
+    if sharded and fmt.has_dcp:
+        out.append((f"{pm}/{L.MODEL_DCP_DIR}/{L.DCP_METADATA}", f"DCP weight shards ({fmt.value})"))
+    if sharded:
+        out.append((f"{ts}/{L.OPTIMIZER_DCP_DIR}/{L.DCP_METADATA}", "DCP optimizer shards (sharded run)"))
+    else:
+        out.append((f"{ts}/{L.OPTIMIZER_STATE}", "optimizer state"))
+        out.append((f"{ts}/{L.OPTIMIZER_PARAM_GROUPS}", "optimizer param groups"))
+    if (record.mixed_precision or "").lower() == "fp16":
+        out.append((f"{ts}/{L.SCALER_STATE}", "loss scaler state (fp16)"))
+    return out
+
+
+def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool, part: str | None) -> list[Check]:
+    """Check SPEC §4's files; ``part`` limits it to ``pretrained_model/`` or ``training_state/``."""
+    missing, notes = [], []
+    pm = paths.pretrained_model
+    gathered = [pm / L.ADAPTER_WEIGHTS] if peft else [pm / L.MODEL_WEIGHTS, pm / L.MODEL_WEIGHTS_INDEX]
+    for rel, why in expected_files(record, peft):
+        if part is not None and not rel.startswith(part + "/"):
+            continue
+        path = paths.root / rel
+        if rel.endswith(f"/{L.MODEL_WEIGHTS}") and (pm / L.MODEL_WEIGHTS_INDEX).exists():
+            continue  # a sharded gathered save: the index stands for model.safetensors
+        if path.exists():
+            continue
+        present = [g for g in gathered if g.exists()]
+        if path.parent == paths.model_dcp and present:
+            # convert-dcp --delete-dcp replaced the shards by the gathered file: still loadable.
+            notes.append(Check("weights converted", False, f"{L.MODEL_DCP_DIR}/ replaced by {present[0].name}", WARN))
+            continue
+        missing.append(f"{rel} ({why})")
+    if missing:
+        return [Check("expected files", False, "missing: " + "; ".join(missing)), *notes]
+    where = f" in {part}/" if part else ""
+    return [Check("expected files", True, f"every file SPEC §4 requires for this run is present{where}"), *notes]
+
+
+def _weight_files(pm: Path) -> list[Path]:
+    index = pm / L.MODEL_WEIGHTS_INDEX
+    files = []
+    for name in (L.MODEL_WEIGHTS, L.ADAPTER_WEIGHTS):
+        if (pm / name).is_file():
+            files.append(pm / name)
+    if index.is_file():
+        files.append(index)
+    return files
+
+
+def _inspect_loose_dir(path: Path, report: InspectReport, tensors: bool) -> None:
+    """A ``pretrained_model/`` (or ``training_state/``) outside any step dir: weights only."""
+    for f in _weight_files(path):
+        _inspect_safetensors(f, f.name, report, tensors)
+    dcp = path / L.MODEL_DCP_DIR
+    if dcp.is_dir():
+        _inspect_dcp(dcp, dcp.name, report, tensors)
+    if not report.weights and not report.checks:
+        report.checks.append(Check("weights", False, f"{path}: no weights found"))
+
+
+# ====================================================================== safetensors
+
+
+def _inspect_safetensors(path: Path, rel: str, report: InspectReport, tensors: bool) -> None:
+    if path.name.endswith(".index.json"):
+        _inspect_index(path, rel, report, tensors)
+        return
+    header = _header_check(path, rel, report)
+    if header is None:
+        return
+    report.weights.append(_summary_from_header(rel, [header]))
+    if tensors:
+        report.tensors.extend(_tensors_from_header(header))
+
+
+def _header_check(path: Path, rel: str, report: InspectReport) -> SafetensorsHeader | None:
+    try:
+        header = read_header(path)
+    except CkptError as e:
+        report.checks.append(Check(f"{rel}", False, str(e)))
+        return None
+    if header.problems:
+        report.checks.append(Check(f"{rel}", False, "; ".join(header.problems[:3])))
+    else:
+        report.checks.append(
+            Check(f"{rel}", True, f"header sane, {len(header.entries)} tensors, {header.file_size} bytes")
+        )
+    return header
+
+
+def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -> None:
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        weight_map = doc["weight_map"]
+        files = sorted(set(weight_map.values()))
+        if not all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in files):
+            raise ValueError("shard names must be plain file names")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        report.checks.append(Check(rel, False, f"{path}: not a valid safetensors index"))
+        return
+    headers = []
+    for name in files:
+        header = _header_check(path.parent / name, str(Path(rel).parent / name), report)
+        if header is not None:
+            headers.append(header)
+            missing = [k for k, f in weight_map.items() if f == name and k not in header.entries]
+            if missing:
+                report.checks.append(Check(rel, False, f"{name} lacks {missing[0]} (and {len(missing) - 1} more)"))
+    report.weights.append(_summary_from_header(rel, headers))
+    if tensors:
+        for h in headers:
+            report.tensors.extend(_tensors_from_header(h))
+
+
+def _summary_from_header(rel: str, headers: list[SafetensorsHeader]) -> WeightsSummary:
+    by_dtype: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    count = 0
+    for header in headers:
+        for e in header.entries.values():
+            name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
+            by_dtype[name] += e.nbytes
+            params[name] += e.numel
+            count += 1
+    return WeightsSummary(
+        path=rel,
+        format="safetensors",
+        tensors=count,
+        parameters=sum(params.values()),
+        bytes=sum(by_dtype.values()),
+        bytes_by_dtype=dict(by_dtype),
+        parameters_by_dtype=dict(params),
+    )
+
+
+def _tensors_from_header(header: SafetensorsHeader) -> list[TensorInfo]:
+    out = []
+    for e in header.entries.values():
+        name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
+        out.append(TensorInfo(e.name, name, e.shape))
+    return out
+
+
+# ====================================================================== DCP
+
+
+def _inspect_dcp(
+    directory: Path, rel: str, report: InspectReport, tensors: bool, *, record: TrainingStep | None = None
+) -> None:
+    try:
+        index = ChunkIndex.load(directory)
+    except CkptError as e:
+        report.checks.append(Check(f"{rel}/.metadata", False, str(e)))
+        return
+    report.checks.append(
+        Check(f"{rel}/.metadata", True, f"{len(index.tensors)} tensors, {len(index.byte_items)} other items")
+    )
+    problems = index.problems()
+    report.checks.append(
+        Check(
+            f"{rel} chunks",
+            not problems,
+            "; ".join(p.message for p in problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+            if problems
+            else "every chunk inside its file; chunks tile every tensor exactly",
+        )
+    )
+    if not problems:
+        report.checks.append(_chunk_header_check(index, rel))
+    unreferenced = index.unreferenced_files()
+    if unreferenced:
+        report.checks.append(
+            Check(f"{rel} files", False, f"not referenced by .metadata: {', '.join(unreferenced)}", WARN)
+        )
+    ranks = tuple(index.ranks())
+    if record is not None and record.topology is not None and ranks:
+        expected = record.topology.world_size
+        got = max(r.rank for r in ranks) + 1
+        report.checks.append(
+            Check(
+                f"{rel} ranks",
+                got == expected,
+                f"shards from {got} ranks, training_step.json says world_size {expected}",
+            )
+        )
+    by_dtype: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    for e in index.tensors.values():
+        params[e.dtype] += e.numel
+        if e.nbytes is not None:
+            by_dtype[e.dtype] += e.nbytes
+    report.weights.append(
+        WeightsSummary(
+            path=rel,
+            format="dcp",
+            tensors=len(index.tensors),
+            parameters=sum(params.values()),
+            bytes=sum(by_dtype.values()),
+            bytes_by_dtype=dict(by_dtype),
+            parameters_by_dtype=dict(params),
+            ranks=ranks,
+            top_level_keys=tuple(sorted(str(k) for k in index.top_level_keys())),
+        )
+    )
+    if tensors:
+        for e in index.tensors.values():
+            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in e.chunks)
+            report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
+
+
+def _chunk_header_check(index: ChunkIndex, rel: str) -> Check:
+    """Each chunk's archive: parseable, and holding the dtype and shape ``.metadata`` promises."""
+    checked = 0
+    with ShardFiles(index.root) as files:
+        for e in index.tensors.values():
+            for c in e.chunks:
+                what = f"{c.file} ({e.fqn})"
+                try:
+                    layout = read_chunk_layout(files.fd(c.file), c.offset, c.length, what=what)
+                except CkptError as err:
+                    return Check(f"{rel} chunk data", False, str(err))
+                if layout.dtype.name != dtypes.canonical_name(e.dtype) or layout.size != c.sizes:
+                    return Check(
+                        f"{rel} chunk data",
+                        False,
+                        f"{what}: holds {layout.dtype.name}{list(layout.size)}, .metadata says {e.dtype}{list(c.sizes)}",
+                    )
+                checked += 1
+    return Check(f"{rel} chunk data", True, f"{checked} chunk archives hold the dtype and shape .metadata says")
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

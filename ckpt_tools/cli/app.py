@@ -24,6 +24,8 @@ from ckpt_tools.errors import CkptError
 COMMAND_MODULES: dict[str, str] = {
     "inspect": "ckpt_tools.cli.inspect",
     "convert-dcp": "ckpt_tools.cli.convert",
+    "reshard-plan": "ckpt_tools.cli.plan",
+    "verify-resume": "ckpt_tools.cli.verify",
     "push": "ckpt_tools.cli.hub",
 }
 

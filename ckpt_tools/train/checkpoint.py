@@ -21,6 +21,7 @@ from typing import Any
 
 import draccus
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckpt_tools import __version__, layout
@@ -28,6 +29,7 @@ from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
 from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
 from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.peft_keys import saved_adapter_key
+from ckpt_tools.resumability import unresumable_reason
 from ckpt_tools.topology import Topology, TrainingStep, read_training_step, training_step_json
 from ckpt_tools.train import rng, state_dicts
 from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
@@ -248,7 +250,7 @@ class CheckpointManager:
     def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
         reader = CountingReader(directory)
         try:
-            dcp.load(state, storage_reader=reader)
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
         except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
             raise _dcp_error(directory, e) from None
         prefix = directory.relative_to(step_root)
@@ -298,15 +300,10 @@ def _dcp_error(directory: Path, error: Exception) -> CheckpointError:
 
 
 def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
-    """Refuse the 0.6.x layout and records that cannot place the sampler."""
-    if record.is_legacy or (record.sharded and not paths.optimizer_dcp.exists() and not paths.optimizer_state.exists()):
-        raise LegacyCheckpoint(
-            f"{paths.root}: a 0.6.x-era checkpoint (gathered optimizer state, no {layout.OPTIMIZER_DCP_DIR}/,"
-            " training_step.json without topology) cannot be resumed; its weights still load as a pretrained"
-            f" policy: --policy.path={paths.pretrained_model}"
-        )
-    if record.samples_seen is None:
-        raise CheckpointError(f"{paths.training_step}: no samples_seen; the data position cannot be restored")
+    """Refuse the 0.6.x layout, optimizer-less sharded checkpoints and records without a data position."""
+    reason = unresumable_reason(paths, record)
+    if reason is not None:
+        raise LegacyCheckpoint(reason) if record.is_legacy else CheckpointError(reason)
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:

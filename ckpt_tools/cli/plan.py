@@ -1,0 +1,204 @@
+"""``ckpt-tools reshard-plan``: parse, call :func:`ckpt_tools.plan.plan_reshard`, print, exit by verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.cli.render import human_bytes, rank_ranges, table
+from ckpt_tools.errors import ExitCode
+
+PLAN_HELP = """Predict what resuming CKPT on another topology will do - reads metadata only, no torch.
+
+CKPT is a checkpoints root (its `last`), a step dir, or its pretrained_model/. The target is
+what `ckpt-train --resume=true --config_path=CKPT ...` would run with on --nproc processes: the
+checkpoint's train_config.json, overridden by the flags given here (each one stands for the
+training flag in brackets). Without --dp-replicate/--dp-shard the saved config's values apply,
+as they would on resume (dp_shard=-1: all processes).
+
+Prints the source and target topology (DDP / FSDP / HSDP); per target rank, the bytes it reads
+from each shard file (exactly the chunk spans torch's DCP loader requests; safetensors files are
+read whole by every rank) and the bytes it then holds for parameters, gradients and optimizer
+state (FSDP2's dim-0 sharding); the effective batch before and after; whether the data order
+stays sample-exact and where the sampler resumes; a linear-scaling suggestion for the learning
+rate and steps (never applied); and what cannot work, and why.
+
+\b
+Examples:
+  ckpt-tools reshard-plan outputs/run/checkpoints --nproc 4 --dp-replicate 2 --dp-shard 2
+  ckpt-tools reshard-plan outputs/run/checkpoints/last --nproc 1 --dp-shard 1 --checkpoint-format safetensors
+  ckpt-tools reshard-plan outputs/run/checkpoints/005000 --nproc 16 --dp-shard -1 --nnodes 2 --json
+
+Exit codes: 0 the resume can work; 1 something stands in its way (listed); 2 bad flags;
+3 CKPT is missing, not a checkpoint, or its training_step.json is unreadable.
+"""
+
+
+@app.command("reshard-plan", help=PLAN_HELP, no_args_is_help=True)
+@handled
+def reshard_plan_command(
+    checkpoint: Annotated[
+        Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
+    ],
+    nproc: Annotated[int, typer.Option("--nproc", help="Processes of the resumed run (world size).")],
+    dp_replicate: Annotated[
+        int | None, typer.Option("--dp-replicate", help="Replica groups R [--parallelism.dp_replicate].")
+    ] = None,
+    dp_shard: Annotated[
+        int | None, typer.Option("--dp-shard", help="Shards per group S, -1 = all [--parallelism.dp_shard].")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Per-worker batch [--batch_size].")] = None,
+    grad_accum: Annotated[
+        int | None, typer.Option("--grad-accum", help="[--accelerator.gradient_accumulation.steps].")
+    ] = None,
+    nnodes: Annotated[int | None, typer.Option("--nnodes", help="Nodes the processes are spread over.")] = None,
+    mixed_precision: Annotated[
+        str | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 [--accelerator.mixed_precision].")
+    ] = None,
+    checkpoint_format: Annotated[
+        str | None,
+        typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    from ckpt_tools.plan import plan_reshard
+
+    plan = plan_reshard(
+        checkpoint,
+        nproc=nproc,
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        nnodes=nnodes,
+        mixed_precision=mixed_precision,
+        checkpoint_format=checkpoint_format,
+    )
+    if json_out:
+        emit_json(plan.to_dict())
+    else:
+        print_plan(plan)
+    if not plan.workable:
+        raise typer.Exit(code=int(ExitCode.CHECK_FAILED))
+
+
+def print_plan(plan: Any) -> None:
+    echo = typer.echo
+    echo(f"Reshard plan for {plan.checkpoint} (step {plan.step})")
+    rows = [
+        ["source", plan.source.description if plan.source else "unknown (no topology recorded)"],
+        ["target", plan.target.description if plan.target else _refused(plan.target_world_size)],
+        ["weights", plan.weights or "none usable"],
+        ["optimizer", plan.optimizer or "none usable"],
+    ]
+    for name, value in rows:
+        echo(f"  {name:<10} {value}")
+    if plan.ranks:
+        echo("")
+        echo("Per rank: bytes read from the checkpoint, and local bytes held after the load")
+        echo(_rank_table(plan.ranks))
+        echo("")
+        echo("Files each rank reads")
+        for line in _file_lines(plan.ranks):
+            echo(line)
+    echo("")
+    echo("Batch")
+    echo(f"  before     {plan.batch_before.describe() if plan.batch_before else 'unknown'}")
+    echo(f"  after      {plan.batch_after.describe() if plan.batch_after else 'unknown'}")
+    if plan.data is not None:
+        echo(f"  data order {plan.data.explanation}")
+    if plan.suggestion is not None and plan.suggestion.explanation:
+        echo(f"  suggestion {plan.suggestion.explanation}")
+    # data-order and effective-batch warnings repeat the Batch section above
+    warnings = [w for w in plan.warnings if not w.startswith(("data-order:", "effective-batch:"))]
+    for title, items in (("Notes", plan.notes), ("Warnings", warnings), ("Cannot work", plan.blockers)):
+        if items:
+            echo("")
+            echo(title)
+            for item in items:
+                echo(f"  - {item}")
+    echo("")
+    if plan.workable:
+        echo("verdict: the resume can work on this topology")
+    else:
+        echo(f"verdict: CANNOT WORK ({len(plan.blockers)} blocker{'s' if len(plan.blockers) != 1 else ''})")
+
+
+def _refused(world: int) -> str:
+    return f"{world} process{'es' if world != 1 else ''}: refused at start-up (see Cannot work)"
+
+
+def _rank_table(ranks: list[Any]) -> str:
+    """One row per rank; identical rows of a big world collapse into rank ranges."""
+    headers = [
+        "rank",
+        "mesh (R,S)",
+        "node",
+        "weights read",
+        "optim read",
+        "other read",
+        "params",
+        "grads",
+        "optim state",
+        "resident",
+    ]
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for r in ranks:
+        key = (
+            r.role_bytes("weights"),
+            r.role_bytes("optimizer"),
+            r.role_bytes("state") + r.role_bytes("base"),
+            r.resident,
+        )
+        if len(ranks) <= 16:
+            key = (r.rank, *key)
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for members in groups.values():
+        r = members[0]
+        complete = "" if r.resident_complete else "+"
+        rows.append(
+            [
+                rank_ranges([m.rank for m in members]),
+                f"({r.replica},{r.shard})" if len(members) == 1 else "-",
+                "-" if r.node is None else str(r.node) if len(members) == 1 else "-",
+                human_bytes(r.role_bytes("weights")),
+                human_bytes(r.role_bytes("optimizer")),
+                human_bytes(r.role_bytes("state") + r.role_bytes("base")),
+                human_bytes(r.resident.params) + complete,
+                human_bytes(r.resident.grads),
+                human_bytes(r.resident.optimizer),
+                human_bytes(r.resident.total) + complete,
+            ]
+        )
+    return table(headers, rows, right=(3, 4, 5, 6, 7, 8, 9))
+
+
+def _file_lines(ranks: list[Any]) -> list[str]:
+    """DCP shard reads per rank (ranks reading the same collapse), then the files every rank reads whole."""
+    by_reads: dict[tuple[Any, ...], list[int]] = {}
+    for r in ranks:
+        key = tuple((f.path, f.bytes, f.requests) for f in r.reads if f.how == "dcp-chunks")
+        by_reads.setdefault(key, []).append(r.rank)
+    lines = []
+    for key, members in by_reads.items():
+        label = f"  rank{'s' if len(members) > 1 else ''} {rank_ranges(members)}:"
+        if not key:
+            lines.append(f"{label} no DCP shards")
+            continue
+        lines.append(label)
+        lines.append(
+            table(
+                ["file", "bytes", "requests"],
+                [[path, human_bytes(size), str(n)] for path, size, n in key],
+                right=(1, 2),
+                indent=4,
+            )
+        )
+    whole = [f for f in ranks[0].reads if f.how == "whole-file"] if ranks else []
+    if whole:
+        lines.append("  every rank, whole files: " + ", ".join(f"{f.path} ({human_bytes(f.bytes)})" for f in whole))
+    return lines

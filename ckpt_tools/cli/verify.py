@@ -1,0 +1,111 @@
+"""``ckpt-tools verify-resume``: parse, call :func:`ckpt_tools.verify.verify_resume`, print, exit 0/1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.errors import ExitCode
+
+VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
+
+CKPT is a checkpoints root (its `last`), a step dir, or its pretrained_model/. The target is
+what `ckpt-train --resume=true --config_path=CKPT ...` would run with: the checkpoint's
+train_config.json - or --config, the train_config.json of the run you will launch - with the
+flags given here on top (each stands for the training flag in brackets), on --nproc processes
+(default: R×S when both are given, else the saved world size).
+
+Fails on what stops the resume: missing or truncated files (safetensors headers vs sizes, DCP
+chunk spans vs shard sizes), DCP metadata that does not cover the model, optimizer state that
+does not cover every trainable parameter, the 0.6.x layout, a target the start-up checks refuse
+(R×S ≠ processes, DCP format on a non-sharded run, ...), fp16 without scaler_state.json, the
+RNG state missing on an unchanged world size, a PEFT base / --policy.path or dataset not found.
+Warns on what the resume survives but changes: data order not sample-exact, effective batch or
+precision changed, train_config.json disagreeing with training_step.json. --strict turns
+warnings into failures (for CI gates that want an exact continuation).
+
+\b
+Examples:
+  ckpt-tools verify-resume outputs/run/checkpoints
+  ckpt-tools verify-resume outputs/run/checkpoints/last --nproc 4 --dp-replicate 2 --dp-shard 2 --strict
+  ckpt-tools verify-resume outputs/run/checkpoints/005000 --config next_run/train_config.json --json
+  ckpt-tools verify-resume ckpt --nproc 1 --dp-shard 1 --checkpoint-format safetensors
+
+Exit codes: 0 resumable; 1 a check failed (or warned, with --strict); 2 bad flags;
+3 CKPT (or --config) is missing or not a checkpoint.
+"""
+
+MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+
+
+@app.command("verify-resume", help=VERIFY_HELP, no_args_is_help=True)
+@handled
+def verify_resume_command(
+    checkpoint: Annotated[
+        Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
+    ],
+    config: Annotated[
+        Path | None, typer.Option("--config", help="train_config.json of the run that will resume.")
+    ] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes of the resumed run (world size).")] = None,
+    dp_replicate: Annotated[
+        int | None, typer.Option("--dp-replicate", help="Replica groups R [--parallelism.dp_replicate].")
+    ] = None,
+    dp_shard: Annotated[
+        int | None, typer.Option("--dp-shard", help="Shards per group S, -1 = all [--parallelism.dp_shard].")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Per-worker batch [--batch_size].")] = None,
+    grad_accum: Annotated[
+        int | None, typer.Option("--grad-accum", help="[--accelerator.gradient_accumulation.steps].")
+    ] = None,
+    mixed_precision: Annotated[
+        str | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 [--accelerator.mixed_precision].")
+    ] = None,
+    checkpoint_format: Annotated[
+        str | None,
+        typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
+    ] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    from ckpt_tools.verify import verify_resume
+
+    report = verify_resume(
+        checkpoint,
+        config=config,
+        nproc=nproc,
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        mixed_precision=mixed_precision,
+        checkpoint_format=checkpoint_format,
+        strict=strict,
+    )
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        print_report(report)
+    if not report.resumable:
+        raise typer.Exit(code=int(ExitCode.CHECK_FAILED))
+
+
+def print_report(report: Any) -> None:
+    echo = typer.echo
+    step = f" (step {report.step})" if report.step is not None else ""
+    echo(f"verify-resume {report.checkpoint}{step}")
+    echo(f"  {report.source or 'unknown topology'} → {report.target or 'no valid target'}")
+    width = max((len(c.name) for c in report.checks), default=0)
+    for c in report.checks:
+        echo(f"  {MARKS.get(c.status, c.status.upper())}  {c.name:<{width}}  {c.message}")
+    warnings = sum(c.status == "warn" for c in report.checks)
+    failed = len(report.failures)
+    if report.resumable:
+        extra = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
+        echo(f"resumable{extra}")
+    else:
+        why = " (--strict: warnings count)" if report.strict and warnings else ""
+        echo(f"NOT RESUMABLE: {failed} check{'s' if failed != 1 else ''} failed{why}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,7 +251,10 @@ class CheckpointManager:
     def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
         reader = CountingReader(directory)
         try:
-            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+            with warnings.catch_warnings():
+                # A single-process resume from shards is intended; torch warns about it regardless.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
         except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
             raise _dcp_error(directory, e) from None
         prefix = directory.relative_to(step_root)

@@ -79,7 +79,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
         )
     state, dataset, counts = build_state(cfg, env, topology)
     manager = CheckpointManager(state)
-    banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), str(env.backend))
+    banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
     for line in banner:
         log(env, line)
     if resume_from is not None:

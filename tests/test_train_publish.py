@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import hub_fixtures
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent, hf_download
-from tests.support.training import TINY, ok, step_dir, train
+from tests.support.training import TINY, metrics, ok, step_dir, train
 
 hub = hub_fixtures.hub
 
@@ -86,9 +86,9 @@ def test_trackio_records_reduced_metrics_of_a_two_process_run(tmp_path: Path) ->
     db = sqlite3.connect(tmp_path / "trackio" / "tk.db")
     rows = db.execute("select step, metrics from metrics order by step").fetchall()
     logged = {step: json.loads(m) for step, m in rows}
-    local = {m["step"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    local = {m["step"]: m for m in metrics(out)}
     assert sorted(logged) == [1, 2, 3]
-    for step, metrics in logged.items():
-        assert metrics["loss"] == local[step]["loss"]  # the cross-rank mean, logged once
+    for step, tracked in logged.items():
+        assert tracked["loss"] == local[step]["loss"]  # the cross-rank mean, logged once
     config = json.loads(db.execute("select config from configs").fetchone()[0])
     assert config["steps"] == 3 and config["trackio"]["enable"] is True

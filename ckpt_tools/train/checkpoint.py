@@ -14,7 +14,7 @@ now, and the flat files of non-sharded runs load into sharded ones.
 from __future__ import annotations
 
 import json
-import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,22 +26,21 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckpt_tools import __version__, layout
-from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
-from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
+from ckpt_tools.errors import CheckpointError, CkptError, LegacyCheckpoint
 from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.peft_keys import saved_adapter_key
 from ckpt_tools.resumability import unresumable_reason
-from ckpt_tools.topology import Topology, TrainingStep, read_training_step, training_step_json
+from ckpt_tools.topology import Topology, TrainingStep, read_training_step
 from ckpt_tools.train import rng, state_dicts
 from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.distributed import DistEnv, barrier
-from ckpt_tools.train.gather_save import save_gathered
 from ckpt_tools.train.parallel import ParallelModel
-from ckpt_tools.train.policies.base import save_policy_config
 from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
+from ckpt_tools.train.procstats import PeakMemory, now
 from ckpt_tools.train.sampler import GlobalOrderSampler
+from ckpt_tools.train.saving import SaveGroups, SaveJob, prepare_partial
 
 
 @dataclass
@@ -73,82 +72,141 @@ class ResumeReport:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class SaveStats:
+    step: int
+    path: Path
+    pause_s: float  # how long the training loop stood still
+    extra_bytes: list[int | None]  # per rank: peak memory above the pre-save level during the pause
+    asynchronous: bool
+
+
+class BackgroundSave:
+    """A save job running in a thread beside the loop; ``join`` re-raises its failure."""
+
+    def __init__(self, job: SaveJob, groups: SaveGroups, on_committed: Any) -> None:
+        self.job, self.groups, self.on_committed = job, groups, on_committed
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"ckpt-save-{job.step}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        started = now()
+        try:
+            self.job.run(self.groups)
+        except BaseException as e:  # handed to the loop's thread by join()
+            self.error = e
+            return
+        self.on_committed(self.job, now() - started)
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            if isinstance(self.error, CkptError):
+                raise self.error
+            raise CheckpointError(
+                f"background save of step {self.job.step} failed ({type(self.error).__name__}: {self.error});"
+                f" {layout.LAST_LINK} still points at the previous complete checkpoint"
+            ) from None
+
+
 class CheckpointManager:
     def __init__(self, state: TrainingState) -> None:
         self.state = state
         assert state.cfg.output_dir is not None
         self.root = Path(state.cfg.output_dir) / layout.CHECKPOINTS_DIR
+        self._in_flight: BackgroundSave | None = None
+        self._groups: SaveGroups | None = None
+        self._cpu_mesh: Any = None
+        self.on_commit: Any = None  # called (path, seconds) when a background save is committed
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int) -> Path:
-        """Collective. Returns the committed step directory."""
+    def save(self, step: int) -> SaveStats:
+        """Collective. Synchronous: returns once the checkpoint is committed. Asynchronous
+        (``--checkpoint_async``): returns once the state is staged to host memory; a background
+        thread writes and commits it while the loop goes on (at most one save in flight).
+        """
         s = self.state
-        name = layout.step_dir_name(step, s.cfg.steps)
-        partial = self.root / layout.partial_dir_name(name)
-        paths = StepPaths(partial)
+        memory = PeakMemory()
+        memory.start()
+        started = now()
+        self.wait()  # the previous background save must be committed before the next starts
+        job = self._capture(step)
+        if s.cfg.checkpoint_async:
+            groups = self._background_groups()
+            job = job.staged(self._host_mesh())
+            self._in_flight = BackgroundSave(job, groups, self._on_committed)
+            self._in_flight.start()
+        else:
+            job.run(SaveGroups.training(s.parallel, s.env))
+        pause = now() - started
+        extra = _gather_ints(s.env, memory.extra_bytes())
+        return SaveStats(step, job.final, pause, extra, asynchronous=s.cfg.checkpoint_async)
+
+    def wait(self) -> None:
+        """Block until the in-flight background save (if any) is committed; re-raise its failure."""
+        if self._in_flight is None:
+            return
+        in_flight, self._in_flight = self._in_flight, None
+        in_flight.join()
+
+    def _capture(self, step: int) -> SaveJob:
+        """Collective: everything the checkpoint of ``step`` will hold, and an empty partial dir."""
+        s = self.state
+        only = self._peft_trainable()
+        model = state_dicts.sharded_model_state(s.parallel, only)  # views of the live shards, no copies
+        peft = s.peft_model is not None
+        assert s.cfg.policy is not None
+        job = SaveJob(
+            step=step,
+            root=self.root,
+            final_name=layout.step_dir_name(step, s.cfg.steps),
+            env=s.env,
+            fmt=s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS,
+            sharded=s.parallel.sharded,
+            model=model,
+            gathered_name=layout.ADAPTER_WEIGHTS if peft else layout.MODEL_WEIGHTS,
+            gathered_keys={k: saved_adapter_key(k) if peft else k for k in model},
+            optimizer=state_dicts.sharded_optimizer_state(s.parallel, s.optimizer),
+            rng_states=rng.gather_rng_states(s.env),
+            record=self.record(step),
+            policy_config=s.cfg.policy,
+            train_config=train_config_dict(s.cfg),
+            scheduler_state=s.scheduler.state_dict(),
+            scaler_state=s.scaler.state_dict() if s.scaler is not None else None,
+            processors=(s.preprocessor, s.postprocessor),
+            adapter_config=s.peft_model.peft_config["default"] if peft else None,
+        )
         if s.env.is_main:
-            self.root.mkdir(parents=True, exist_ok=True)
-            remove_tree(partial)  # a save that crashed earlier at this step
-            paths.pretrained_model.mkdir(parents=True)
-            paths.training_state.mkdir()
+            prepare_partial(job)
         barrier(s.env)
-        self._save_model(paths)
-        self._save_optimizer(paths)
-        rng_states = rng.gather_rng_states(s.env)
-        if s.env.is_main:
-            assert rng_states is not None
-            rng.save_rng_states(rng_states, paths.rng_state, s.env.world_size)
-            self._save_sidecars(paths, step)
-        barrier(s.env)
-        final = self.root / name
-        if s.env.is_main:
-            self._commit(partial, final)
-        barrier(s.env)
-        return final
+        return job
+
+    def _background_groups(self) -> SaveGroups:
+        if self._groups is None:
+            self._groups = SaveGroups.background(self.state.parallel, self.state.env)
+        return self._groups
+
+    def _host_mesh(self) -> Any:
+        """The mesh host copies of sharded tensors live on: the training mesh when it is a CPU one."""
+        mesh = self.state.parallel.mesh
+        if mesh is None or mesh.device_type == "cpu":
+            return mesh
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._cpu_mesh is None:  # collective, once
+            self._cpu_mesh = init_device_mesh("cpu", tuple(mesh.mesh.shape), mesh_dim_names=mesh.mesh_dim_names)
+        return self._cpu_mesh
+
+    def _on_committed(self, job: SaveJob, seconds: float) -> None:
+        if self.on_commit is not None:
+            self.on_commit(job.final, seconds)
 
     def _peft_trainable(self) -> set[str] | None:
         return state_dicts.trainable_names(self.state.parallel) if self.state.peft_model is not None else None
-
-    def _save_model(self, paths: StepPaths) -> None:
-        s = self.state
-        only = self._peft_trainable()
-        fmt = s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS
-        sd = state_dicts.sharded_model_state(s.parallel, only)  # views of the live shards, no copies
-        if fmt.has_dcp:
-            dcp.save({layout.MODEL_DCP_KEY: sd}, checkpoint_id=paths.model_dcp)
-        if fmt.has_gathered:
-            if s.peft_model is not None:  # peft's saved naming: no adapter name in the keys
-                sd = {saved_adapter_key(k): v for k, v in sd.items()}
-            name = layout.ADAPTER_WEIGHTS if s.peft_model is not None else layout.MODEL_WEIGHTS
-            save_gathered(sd, paths.pretrained_model / name, s.parallel, s.env)
-
-    def _save_optimizer(self, paths: StepPaths) -> None:
-        s = self.state
-        if s.parallel.sharded:
-            osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
-            dcp.save({layout.OPTIMIZER_DCP_KEY: osd}, checkpoint_id=paths.optimizer_dcp)
-        elif s.env.is_main:
-            state_dicts.save_flat_optimizer(
-                s.parallel, s.optimizer, paths.optimizer_state, paths.optimizer_param_groups
-            )
-
-    def _save_sidecars(self, paths: StepPaths, step: int) -> None:
-        s = self.state
-        pm = paths.pretrained_model
-        assert s.cfg.policy is not None
-        save_policy_config(s.cfg.policy, pm)
-        write_json_atomic(paths.train_config, train_config_dict(s.cfg))
-        if s.peft_model is not None and not (pm / layout.ADAPTER_CONFIG).exists():
-            s.peft_model.peft_config["default"].save_pretrained(str(pm))
-        s.preprocessor.save(pm)
-        s.postprocessor.save(pm)
-        write_json_atomic(paths.scheduler_state, s.scheduler.state_dict())
-        if s.scaler is not None:
-            write_json_atomic(paths.scaler_state, s.scaler.state_dict())
-        # Written last: a training_step.json means everything it describes is there.
-        record = self.record(step)
-        paths.training_step.write_text(training_step_json(record))
 
     def record(self, step: int) -> TrainingStep:
         s = self.state
@@ -173,22 +231,6 @@ class CheckpointManager:
             peft=s.peft_model is not None,
             versions={"torch": torch.__version__, "ckpt_tools": __version__},
         )
-
-    def _commit(self, partial: Path, final: Path) -> None:
-        """Main rank: make the partial save durable, rename it into place, then move ``last``."""
-        fsync_tree(partial)
-        if final.exists():
-            # Re-saving a step (a resume into the same output dir): swap the old one out first.
-            stale = final.with_name(layout.partial_dir_name(final.name) + ".old")
-            remove_tree(stale)
-            os.rename(final, stale)
-            os.rename(partial, final)
-            replace_symlink(self.root / layout.LAST_LINK, final.name)
-            remove_tree(stale)
-        else:
-            os.rename(partial, final)
-            fsync_dir(self.root)
-            replace_symlink(self.root / layout.LAST_LINK, final.name)
 
     # ------------------------------------------------------------------ load
 
@@ -296,6 +338,15 @@ def preflight_resume(step_dir: Path) -> TrainingStep:
     record = read_training_step(paths.training_step)
     check_resumable(paths, record)
     return record
+
+
+def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:
+    """Collective: one small value from every rank (on every rank)."""
+    if not env.distributed:
+        return [value]
+    out: list[int | None] = [None] * env.world_size
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _dcp_error(directory: Path, error: Exception) -> CheckpointError:

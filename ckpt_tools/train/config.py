@@ -117,6 +117,9 @@ class TrainConfig:
     save_checkpoint: bool = True
     log_freq: int = 10
     checkpoint_format: str = CheckpointFormat.SAFETENSORS.value
+    # Stage the state to host memory and write the checkpoint in the background while the
+    # loop goes on (at most one save in flight; the same atomic commit and `last` rule).
+    checkpoint_async: bool = False
     resume: bool = False
     progress_bar: bool = True
     # Audit trail of data order: each rank appends the dataset indices it consumes per step

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from ckpt_tools.errors import CheckpointError
 from ckpt_tools.st_writer import StreamingWriter, TensorSpec
 from ckpt_tools.train.distributed import DistEnv
 from ckpt_tools.train.parallel import ParallelModel
@@ -51,23 +52,47 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 class ShardGatherer:
-    """Gathers dim-0 (FSDP2) shards of a DTensor onto the main rank over the shard group."""
+    """Gathers dim-0 (FSDP2) shards of a DTensor onto the main rank over one shard group.
 
-    def __init__(self, parallel: ParallelModel, env: DistEnv) -> None:
+    ``group`` is the dp_shard group this rank belongs to (None: not sharded);
+    ``in_first_replica`` says whether this rank's group is the one that sends (HSDP replicas
+    other than the first hold the same bytes and stay out).
+    """
+
+    def __init__(self, env: DistEnv, group: Any, in_first_replica: bool, background: bool) -> None:
         self.env = env
-        self.mesh = parallel.mesh
-        self.group = None
-        self.in_first_replica = True
-        if parallel.sharded and self.mesh is not None:
-            self.group = self.mesh.get_group("dp_shard")
-            if "dp_replicate" in (self.mesh.mesh_dim_names or ()):
-                self.in_first_replica = self.mesh.get_local_rank("dp_replicate") == 0
+        self.group = group
+        self.in_first_replica = in_first_replica
+        self.background = background
+
+    @classmethod
+    def for_training(cls, parallel: ParallelModel, env: DistEnv) -> ShardGatherer:
+        if not (parallel.sharded and parallel.mesh is not None):
+            return cls(env, None, True, background=False)
+        return cls(env, parallel.mesh.get_group("dp_shard"), _first_replica(parallel), background=False)
+
+    @classmethod
+    def for_background(cls, parallel: ParallelModel, env: DistEnv) -> ShardGatherer:
+        """Collective: a gloo group per shard row of the mesh (every rank creates every group, in order)."""
+        if not (parallel.sharded and parallel.mesh is not None):
+            return cls(env, None, True, background=True)
+        rows = parallel.mesh.mesh.reshape(-1, parallel.dp_shard).tolist()
+        mine = None
+        for row in rows:
+            group = dist.new_group(ranks=row, backend="gloo")
+            if env.rank in row:
+                mine = group
+        return cls(env, mine, _first_replica(parallel), background=True)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """Collective over the first replica's shard group: the full tensor on the main rank, else None."""
         if not isinstance(tensor, DTensor):
             return tensor.detach() if self.env.is_main else None
         if not _dim0_sharded(tensor):
+            if self.background:  # the training mesh's collectives belong to the loop's thread
+                raise CheckpointError(
+                    f"--checkpoint_async=true saves dim-0 sharded tensors only; got {tensor.placements}"
+                )
             full = tensor.full_tensor()  # other layouts: torch's own (all-gather) path
             return full if self.env.is_main else None
         if not self.in_first_replica:
@@ -87,6 +112,13 @@ class ShardGatherer:
         return full[:rows]
 
 
+def _first_replica(parallel: ParallelModel) -> bool:
+    mesh = parallel.mesh
+    if "dp_replicate" in (mesh.mesh_dim_names or ()):
+        return mesh.get_local_rank("dp_replicate") == 0
+    return True
+
+
 def _dim0_sharded(tensor: DTensor) -> bool:
     names = tensor.device_mesh.mesh_dim_names or ()
     for name, placement in zip(names, tensor.placements, strict=True):
@@ -96,11 +128,10 @@ def _dim0_sharded(tensor: DTensor) -> bool:
     return tensor.ndim > 0
 
 
-def save_gathered(state: dict[str, Any], path: Path, parallel: ParallelModel, env: DistEnv) -> None:
+def save_gathered(state: dict[str, Any], path: Path, gatherer: ShardGatherer, env: DistEnv) -> None:
     """Collective: write ``state`` (sharded or plain tensors) as one safetensors file on the main rank."""
     specs = [tensor_spec(name, t) for name, t in state.items()]
     writer = StreamingWriter(path, specs, metadata={"format": "pt"}) if env.is_main else None
-    gatherer = ShardGatherer(parallel, env)
     try:
         if writer is not None:
             writer.open()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,15 @@ from ckpt_tools.train.checkpoint import CheckpointManager, TrainingState
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.dataset import RobotDataset, load_dataset, resolve_root
 from ckpt_tools.train.distributed import DistEnv
-from ckpt_tools.train.metrics import MetricsLog, MetricsWindow
+from ckpt_tools.train.metrics import MetricsWindow
 from ckpt_tools.train.parallel import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.base import PreTrainedPolicy
 from ckpt_tools.train.precision import make_scaler, resolve_precision
 from ckpt_tools.train.processors import Pipeline, make_processors
+from ckpt_tools.train.reporting import Reporter
 from ckpt_tools.train.sampler import GlobalOrderSampler
+from ckpt_tools.train.stopping import StopRequest, TrainingStopped
 
 
 def log(env: DistEnv, message: str) -> None:
@@ -151,79 +152,91 @@ def build_state(
 
 
 def train_steps(state: TrainingState, manager: CheckpointManager, dataset: RobotDataset, tracker: Any) -> None:
-    cfg, env, parallel = state.cfg, state.env, state.parallel
-    accum = cfg.grad_accum_steps
-    params = [p for p in parallel.inner.parameters() if p.requires_grad]
+    """The loop: micro-steps, optimizer updates at window ends, logging, checkpoints, SIGTERM."""
+    cfg, env = state.cfg, state.env
+    params = [p for p in state.parallel.inner.parameters() if p.requires_grad]
     window = MetricsWindow(env, state.sampler.samples_per_step)
-    metrics_log = MetricsLog(Path(str(cfg.output_dir)) / "metrics.jsonl") if env.is_main else None
-    progress = make_progress(cfg, env, state.step)
+    report = Reporter(cfg, env, state.step, tracker)
+    manager.on_commit = report.committed
     samples_log = SampleLog.open(cfg, env) if cfg.log_samples else None
-    ran_any = False
-    parallel.module.train()
-    while state.step < cfg.steps:
-        step = state.step + 1
-        micro = (step - 1) % accum
-        last_micro = micro == accum - 1 or step == cfg.steps
-        indices = state.sampler.next_indices()
-        if samples_log is not None:
-            samples_log.write(step, indices)
-        batch = state.preprocessor(dataset.batch(indices))
-        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
-        with parallel.set_gradient_sync(last_micro), state.precision.autocast(env.device):
-            loss, _ = parallel.module(batch)
-        scaled = loss / accum
-        if state.scaler is not None:
-            state.scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
-        if last_micro:
-            if parallel.ignored_params:
-                all_reduce_ignored_grads(parallel)
-            if state.scaler is not None:
-                state.scaler.unscale_(state.optimizer)
-            window.grad_norm = clip_grad_norm(params, cfg.optimizer.grad_clip_norm, parallel)
-            if state.scaler is not None:
-                state.scaler.step(state.optimizer)
-                state.scaler.update()
+    stop = StopRequest.install()
+    first_step_of_process = True
+    state.parallel.module.train()
+    try:
+        while state.step < cfg.steps:
+            step = state.step + 1
+            last_micro = step % cfg.grad_accum_steps == 0 or step == cfg.steps
+            loss = micro_step(state, dataset, step, last_micro, samples_log)
+            if last_micro:
+                window.grad_norm = optimizer_step(state, params)
+            state.scheduler.step()  # once per loop step, whatever the number of processes
+            state.step = step
+            window.add(loss)
+            if first_step_of_process:
+                report.first_step(step)
+                first_step_of_process = False
+            if step % cfg.log_freq == 0 or step == cfg.steps:
+                report.step(step, window.reduce(), state)
             else:
-                state.optimizer.step()
-            state.optimizer.zero_grad(set_to_none=True)
-            state.optimizer_steps += 1
-        state.scheduler.step()  # once per loop step, whatever the number of processes
-        state.step = step
-        ran_any = True
-        window.add(loss)
-        if progress is not None:
-            progress.update(1)
-        if step % cfg.log_freq == 0 or step == cfg.steps:
-            reduced = window.reduce()
-            record = {
-                "step": step,
-                **reduced,
-                "lr": state.scheduler.get_last_lr()[0],
-                "epoch": state.sampler.position().epoch,
-                "samples_seen": state.sampler.samples_seen,
-            }
-            if metrics_log is not None:
-                metrics_log.write(record)
-                message = f"step {step}: loss {reduced['loss']:.4f}, {reduced['samples_per_s']:.0f} samples/s, lr {record['lr']:.2e}"
-                (progress.write if progress is not None else print)(message)
-            if tracker is not None:
-                tracker.log(record)
-        if cfg.save_checkpoint and (step % cfg.save_freq == 0 or step == cfg.steps):
-            saved = manager.save(step)
-            if env.is_main:
-                (progress.write if progress is not None else print)(f"checkpoint {saved}")
-    if progress is not None:
-        progress.close()
-    if (
-        cfg.save_checkpoint
-        and not ran_any
-        and agree(env, not (manager.root / layout.step_dir_name(state.step, cfg.steps)).exists())
-    ):
-        # Resumed at the final step into an output dir without that checkpoint: write the
-        # restored state there, so the output dir always ends with its final checkpoint.
-        manager.save(state.step)
+                report.tick()
+            if cfg.save_checkpoint and (step % cfg.save_freq == 0 or step == cfg.steps):
+                report.checkpoint(manager.save(step))
+            if stop.agreed(env) and state.step < cfg.steps:
+                break
+        if cfg.save_checkpoint and first_step_of_process and not stop.requested:
+            final_missing = not (manager.root / layout.step_dir_name(state.step, cfg.steps)).exists()
+            if agree(env, final_missing):
+                # Resumed at the final step into an output dir without that checkpoint: write
+                # the restored state there, so the output dir ends with its final checkpoint.
+                report.checkpoint(manager.save(state.step))
+        manager.wait()  # an in-flight background save completes before the run ends
+    finally:
+        report.close()
+        if samples_log is not None:
+            samples_log.handle.close()
+        stop.uninstall()
+    if stop.requested and state.step < cfg.steps:
+        last = layout.resolve_last(manager.root)
+        raise TrainingStopped(
+            f"stopped by SIGTERM after step {state.step}; last complete checkpoint: {last if last else 'none'}"
+        )
+
+
+def micro_step(
+    state: TrainingState, dataset: RobotDataset, step: int, last_micro: bool, samples_log: SampleLog | None
+) -> torch.Tensor:
+    """Forward and backward of this worker's micro-batch; gradients reduced on a window's last."""
+    indices = state.sampler.next_indices()
+    if samples_log is not None:
+        samples_log.write(step, indices)
+    batch = state.preprocessor(dataset.batch(indices))
+    batch = {k: v.to(state.env.device, non_blocking=True) for k, v in batch.items()}
+    with state.parallel.set_gradient_sync(last_micro), state.precision.autocast(state.env.device):
+        loss, _ = state.parallel.module(batch)
+    scaled = loss / state.cfg.grad_accum_steps
+    if state.scaler is not None:
+        state.scaler.scale(scaled).backward()
+    else:
+        scaled.backward()
+    return loss
+
+
+def optimizer_step(state: TrainingState, params: list[torch.nn.Parameter]) -> float:
+    """Unscale, clip, step, zero: the end of an accumulation window. Returns the gradient norm."""
+    parallel = state.parallel
+    if parallel.ignored_params:
+        all_reduce_ignored_grads(parallel)
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    grad_norm = clip_grad_norm(params, state.cfg.optimizer.grad_clip_norm, parallel)
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+    else:
+        state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.optimizer_steps += 1
+    return grad_norm
 
 
 def agree(env: DistEnv, decision: bool) -> bool:
@@ -251,16 +264,6 @@ class SampleLog:
 
     def write(self, step: int, indices: torch.Tensor) -> None:
         self.handle.write(json.dumps({"step": step, "indices": indices.tolist()}) + "\n")
-
-
-def make_progress(cfg: TrainConfig, env: DistEnv, start: int) -> Any:
-    if not env.is_main or not cfg.progress_bar:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(
-        total=cfg.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, disable=None
-    )
 
 
 def make_tracker(cfg: TrainConfig, env: DistEnv) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +47,19 @@ class MetricsWindow:
 
 
 class MetricsLog:
-    """``metrics.jsonl`` in the output dir (main rank): one JSON object per logged step."""
+    """``metrics.jsonl`` in the output dir (main rank): one JSON object per logged step.
+
+    Events that are not training steps (a checkpoint's loop pause, a background save's
+    commit, the time to the first step) carry an ``event`` key. Background saves write from
+    their own thread, hence the lock.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")

@@ -65,11 +65,12 @@ def load_sharded_optimizer_state(
     set_optimizer_state_dict(parallel.inner, optimizer, state)
 
 
-def save_flat_optimizer(
-    parallel: ParallelModel, optimizer: torch.optim.Optimizer, tensors_path: Path, groups_path: Path
-) -> None:
-    """Non-sharded runs: tensors in safetensors (``state.<param>.<key>``), groups in JSON."""
-    osd = get_optimizer_state_dict(parallel.inner, optimizer)
+def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: Path) -> None:
+    """Non-sharded runs: tensors in safetensors (``state.<param>.<key>``), groups in JSON.
+
+    ``osd`` is ``get_optimizer_state_dict`` output: keyed by parameter name, so the file also
+    loads into a sharded run.
+    """
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {}
     for param_name, entries in osd["state"].items():

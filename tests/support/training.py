@@ -73,8 +73,17 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
     return proc
 
 
-def metrics(output_dir: Path) -> list[dict[str, Any]]:
+def _records(output_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def metrics(output_dir: Path) -> list[dict[str, Any]]:
+    """The logged training steps (not the checkpoint / first-step events)."""
+    return [r for r in _records(output_dir) if "event" not in r]
+
+
+def events(output_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in _records(output_dir) if r.get("event") == kind]
 
 
 def losses(output_dir: Path) -> list[float]:

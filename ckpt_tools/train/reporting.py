@@ -1,0 +1,94 @@
+"""What the main rank tells the user: progress bar, step lines, metrics.jsonl, tracker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.distributed import DistEnv
+from ckpt_tools.train.metrics import MetricsLog
+from ckpt_tools.train.procstats import seconds_since_process_start
+
+if TYPE_CHECKING:
+    from ckpt_tools.train.checkpoint import SaveStats, TrainingState
+
+
+class Reporter:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, start_step: int, tracker: Any) -> None:
+        self.env = env
+        self.tracker = tracker
+        self.log = MetricsLog(Path(str(cfg.output_dir)) / "metrics.jsonl") if env.is_main else None
+        self.progress = None
+        if env.is_main and cfg.progress_bar:
+            from tqdm import tqdm
+
+            self.progress = tqdm(
+                total=cfg.steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                disable=None,
+            )
+
+    def say(self, message: str) -> None:
+        if not self.env.is_main:
+            return
+        if self.progress is not None:
+            self.progress.write(message)
+        else:
+            print(message, flush=True)
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def first_step(self, step: int) -> None:
+        """How long this process took from its start to its first finished step (resume cost)."""
+        seconds = seconds_since_process_start()
+        if self.log is not None and seconds is not None:
+            self.log.write({"event": "first_step", "step": step, "seconds_since_process_start": round(seconds, 3)})
+
+    def step(self, step: int, reduced: dict[str, float], state: TrainingState) -> None:
+        self.tick()
+        record = {
+            "step": step,
+            **reduced,
+            "lr": state.scheduler.get_last_lr()[0],
+            "epoch": state.sampler.position().epoch,
+            "samples_seen": state.sampler.samples_seen,
+        }
+        if self.log is not None:
+            self.log.write(record)
+            self.say(
+                f"step {step}: loss {reduced['loss']:.4f}, {reduced['samples_per_s']:.0f} samples/s, lr {record['lr']:.2e}"
+            )
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def checkpoint(self, stats: SaveStats) -> None:
+        if self.log is not None:
+            self.log.write(
+                {
+                    "event": "checkpoint",
+                    "step": stats.step,
+                    "pause_s": round(stats.pause_s, 4),
+                    "async": stats.asynchronous,
+                    "extra_peak_bytes": stats.extra_bytes,
+                }
+            )
+        how = "staged; writing in the background" if stats.asynchronous else "saved"
+        self.say(f"checkpoint {stats.path} {how} (loop paused {stats.pause_s:.2f} s)")
+
+    def committed(self, path: Path, seconds: float) -> None:
+        """A background save finished (called from its thread)."""
+        if self.log is not None:
+            self.log.write({"event": "checkpoint_committed", "path": str(path), "write_s": round(seconds, 4)})
+        self.say(f"checkpoint {path} committed ({seconds:.2f} s in the background)")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()

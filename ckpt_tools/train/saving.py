@@ -1,0 +1,177 @@
+"""One checkpoint save as a job: capture, (optionally) stage, write, commit.
+
+A :class:`SaveJob` holds everything a checkpoint writes, captured at the step it describes:
+the model and optimizer state (views of the live shards for a synchronous save, private
+host copies for an asynchronous one), every rank's generator state, and the sidecar
+payloads. :meth:`SaveJob.run` writes it - each rank its own DCP shards, the main rank the
+gathered weights and the sidecars - into the hidden partial directory, then commits.
+
+Where the collectives of a run go is a :class:`SaveGroups`: the training process groups for
+a synchronous save, dedicated gloo groups for a background one (so its gathers never
+interleave with the training loop's collectives).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+
+from ckpt_tools import layout
+from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
+from ckpt_tools.layout import CheckpointFormat, StepPaths
+from ckpt_tools.topology import TrainingStep, training_step_json
+from ckpt_tools.train import rng
+from ckpt_tools.train.distributed import DistEnv
+from ckpt_tools.train.gather_save import ShardGatherer, save_gathered
+from ckpt_tools.train.parallel import ParallelModel
+from ckpt_tools.train.policies.base import save_policy_config
+from ckpt_tools.train.policies.configs import PolicyConfig
+from ckpt_tools.train.processors import Pipeline
+from ckpt_tools.train.state_dicts import write_flat_optimizer
+
+
+@dataclass
+class SaveGroups:
+    """The process groups a save's collectives run on (None: the default group)."""
+
+    world: Any
+    gatherer: ShardGatherer
+
+    @classmethod
+    def training(cls, parallel: ParallelModel, env: DistEnv) -> SaveGroups:
+        return cls(world=None, gatherer=ShardGatherer.for_training(parallel, env))
+
+    @classmethod
+    def background(cls, parallel: ParallelModel, env: DistEnv) -> SaveGroups:
+        """Collective: gloo groups of their own, for saves that run beside the training loop."""
+        world = dist.new_group(backend="gloo") if env.distributed else None
+        return cls(world=world, gatherer=ShardGatherer.for_background(parallel, env))
+
+    def barrier(self, env: DistEnv) -> None:
+        if env.distributed:
+            dist.barrier(group=self.world)
+
+
+@dataclass
+class SaveJob:
+    step: int
+    root: Path  # the checkpoints directory
+    final_name: str
+    env: DistEnv
+    fmt: CheckpointFormat
+    sharded: bool
+    model: dict[str, Any]  # DCP-shaped state (DTensors on sharded runs), peft-filtered
+    gathered_name: str  # model.safetensors or adapter_model.safetensors
+    gathered_keys: dict[str, str]  # model key → its name in the gathered file (peft drops the adapter name)
+    optimizer: dict[str, Any]  # get_optimizer_state_dict output
+    rng_states: dict[str, torch.Tensor] | None  # main rank only
+    record: TrainingStep
+    policy_config: PolicyConfig
+    train_config: dict[str, Any]
+    scheduler_state: dict[str, Any]
+    scaler_state: dict[str, Any] | None
+    processors: tuple[Pipeline, Pipeline]
+    adapter_config: Any = None  # peft config, saved as adapter_config.json
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> Path:
+        return self.root / layout.partial_dir_name(self.final_name)
+
+    @property
+    def final(self) -> Path:
+        return self.root / self.final_name
+
+    def staged(self, host_mesh: Any) -> SaveJob:
+        """A copy whose tensors are private host copies: the loop may change the live ones now.
+
+        Sharded tensors keep their layout on ``host_mesh`` (the CPU mesh of the same shape).
+        """
+        return replace(self, model=_host_copy(self.model, host_mesh), optimizer=_host_copy(self.optimizer, host_mesh))
+
+    def run(self, groups: SaveGroups) -> Path:
+        """Collective over ``groups``: write everything into the partial dir, then commit."""
+        paths = StepPaths(self.partial)
+        if self.fmt.has_dcp:
+            dcp.save({layout.MODEL_DCP_KEY: self.model}, checkpoint_id=paths.model_dcp, process_group=groups.world)
+        if self.fmt.has_gathered:
+            gathered = {self.gathered_keys[k]: v for k, v in self.model.items()}
+            save_gathered(gathered, paths.pretrained_model / self.gathered_name, groups.gatherer, self.env)
+        if self.sharded:
+            optimizer = {layout.OPTIMIZER_DCP_KEY: self.optimizer}
+            dcp.save(optimizer, checkpoint_id=paths.optimizer_dcp, process_group=groups.world)
+        elif self.env.is_main:
+            write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
+        if self.env.is_main:
+            self._write_sidecars(paths)
+        groups.barrier(self.env)
+        if self.env.is_main:
+            commit(self.partial, self.final, self.root)
+        groups.barrier(self.env)
+        return self.final
+
+    def _write_sidecars(self, paths: StepPaths) -> None:
+        pm = paths.pretrained_model
+        assert self.rng_states is not None
+        rng.save_rng_states(self.rng_states, paths.rng_state, self.env.world_size)
+        save_policy_config(self.policy_config, pm)
+        write_json_atomic(paths.train_config, self.train_config)
+        if self.adapter_config is not None:
+            self.adapter_config.save_pretrained(str(pm))
+        for pipeline in self.processors:
+            pipeline.save(pm)
+        write_json_atomic(paths.scheduler_state, self.scheduler_state)
+        if self.scaler_state is not None:
+            write_json_atomic(paths.scaler_state, self.scaler_state)
+        # Written last: a training_step.json means everything it describes is there.
+        paths.training_step.write_text(training_step_json(self.record))
+
+
+def _host_copy(value: Any, host_mesh: Any) -> Any:
+    """Deep copy of a state tree, tensors cloned to host memory (DTensors keep their layout)."""
+    if isinstance(value, DTensor):
+        local = value.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(
+            local, host_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+        )
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_copy(v, host_mesh) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_host_copy(v, host_mesh) for v in value]
+    return copy.deepcopy(value)
+
+
+def prepare_partial(job: SaveJob) -> None:
+    """Main rank: an empty partial directory (a crashed earlier save at this step is cleared)."""
+    paths = StepPaths(job.partial)
+    job.root.mkdir(parents=True, exist_ok=True)
+    remove_tree(job.partial)
+    paths.pretrained_model.mkdir(parents=True)
+    paths.training_state.mkdir()
+
+
+def commit(partial: Path, final: Path, root: Path) -> None:
+    """Main rank: make the partial save durable, rename it into place, then move ``last``."""
+    fsync_tree(partial)
+    if final.exists():
+        # Re-saving a step (a resume into the same output dir): swap the old one out first.
+        stale = final.with_name(layout.partial_dir_name(final.name) + ".old")
+        remove_tree(stale)
+        os.rename(final, stale)
+        os.rename(partial, final)
+        replace_symlink(root / layout.LAST_LINK, final.name)
+        remove_tree(stale)
+    else:
+        os.rename(partial, final)
+        fsync_dir(root)
+        replace_symlink(root / layout.LAST_LINK, final.name)

@@ -1,0 +1,52 @@
+"""SIGTERM: stop at the next step boundary, with every rank agreeing on which one.
+
+A scheduler's preemption or ``kill`` reaches the ranks at slightly different moments; if each
+stopped on its own, some would wait forever in a collective the others never enter. So the
+handler only raises a flag, and after every step the ranks agree (a one-element max
+all-reduce) whether any of them saw it. The loop then leaves together, an in-flight
+background save is completed (never left half-visible), and the run exits with 143.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ckpt_tools.errors import CkptError
+from ckpt_tools.train.distributed import DistEnv
+
+
+class TrainingStopped(CkptError):
+    exit_code = 143  # type: ignore[assignment]  # 128 + SIGTERM, as shells report it
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    @classmethod
+    def install(cls) -> StopRequest:
+        request = cls()
+        request._previous = signal.signal(signal.SIGTERM, request._handle)
+        return request
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def agreed(self, env: DistEnv) -> bool:
+        """Collective: True on every rank once any rank got SIGTERM."""
+        if not env.distributed:
+            return self.requested
+        flag = torch.tensor([int(self.requested)], device=env.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.requested = bool(flag.item())
+        return self.requested

@@ -2,54 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import kill_tree
-from tests.support.training import TINY, ok, script, step_dir, train
+from tests.support.training import MEDIUM, kill_during_save, ok, step_dir, train
 
 pytestmark = pytest.mark.torchrun
-
-# Big enough that a save takes a noticeable fraction of a second on this disk.
-MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.dim_feedforward"))] + [
-    "--policy.dim_model=512",
-    "--policy.dim_feedforward=2048",
-]
-
-
-def kill_during_save(out: Path, args: list[str], timeout: float = 240) -> Path:
-    """Start a 2-rank FSDP job, SIGKILL all of it while a save after the first one is in flight."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        script("ckpt-train"),
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = out / "checkpoints"
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            partials = [p for p in root.glob(".*.partial")] if (root / "last").exists() else []
-            if partials:
-                kill_tree(proc.pid)
-                proc.wait()
-                return partials[0]
-            if proc.poll() is not None:
-                break
-            time.sleep(0.002)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.wait()
-    raise AssertionError("the job ended before a second save could be interrupted")
 
 
 def test_sigkill_mid_save_leaves_last_complete_and_resumable(tmp_path: Path) -> None:

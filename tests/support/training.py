@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from tests.support.procs import REPO
+from tests.support.procs import REPO, kill_tree
 
 FIXTURE_DATASET = REPO / "fixtures" / "tiny_robot"
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -124,3 +125,41 @@ def sample_log(output_dir: Path) -> dict[int, dict[int, list[int]]]:
             record = json.loads(line)
             out[rank][record["step"]] = record["indices"]
     return out
+
+
+# Big enough that a save takes a noticeable fraction of a second on this disk.
+MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.dim_feedforward"))] + [
+    "--policy.dim_model=512",
+    "--policy.dim_feedforward=2048",
+]
+
+
+def kill_during_save(out: Path, args: list[str], timeout: float = 240) -> Path:
+    """Start a 2-rank FSDP job, SIGKILL all of it while a save after the first one is in flight."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        script("ckpt-train"),
+        *args,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = out / "checkpoints"
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            partials = [p for p in root.glob(".*.partial")] if (root / "last").exists() else []
+            if partials:
+                kill_tree(proc.pid)
+                proc.wait()
+                return partials[0]
+            if proc.poll() is not None:
+                break
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+    raise AssertionError("the job ended before a second save could be interrupted")

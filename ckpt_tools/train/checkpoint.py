@@ -40,7 +40,7 @@ from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
 from ckpt_tools.train.procstats import PeakMemory, now
 from ckpt_tools.train.sampler import GlobalOrderSampler
-from ckpt_tools.train.saving import SaveGroups, SaveJob, prepare_partial
+from ckpt_tools.train.saving import PhaseClock, SaveGroups, SaveJob, prepare_partial
 
 
 @dataclass
@@ -79,6 +79,7 @@ class SaveStats:
     pause_s: float  # how long the training loop stood still
     extra_bytes: list[int | None]  # per rank: peak memory above the pre-save level during the pause
     asynchronous: bool
+    phases: dict[str, float]  # seconds per phase of the pause on this rank (sync: and of the writes)
 
 
 class BackgroundSave:
@@ -132,19 +133,25 @@ class CheckpointManager:
         s = self.state
         memory = PeakMemory()
         memory.start()
+        clock = PhaseClock(pause_phases := {})
         started = now()
         self.wait()  # the previous background save must be committed before the next starts
+        clock.lap("wait_previous")
         job = self._capture(step)
+        clock.lap("capture")
         if s.cfg.checkpoint_async:
             groups = self._background_groups()
             job = job.staged(self._host_mesh())
+            clock.lap("stage")
             self._in_flight = BackgroundSave(job, groups, self._on_committed)
             self._in_flight.start()
         else:
             job.run(SaveGroups.training(s.parallel, s.env))
+            clock.lap("write")
         pause = now() - started
         extra = _gather_ints(s.env, memory.extra_bytes())
-        return SaveStats(step, job.final, pause, extra, asynchronous=s.cfg.checkpoint_async)
+        phases = pause_phases if s.cfg.checkpoint_async else {**pause_phases, **job.timings}
+        return SaveStats(step, job.final, pause, extra, s.cfg.checkpoint_async, phases)
 
     def wait(self) -> None:
         """Block until the in-flight background save (if any) is committed; re-raise its failure."""
@@ -203,7 +210,7 @@ class CheckpointManager:
 
     def _on_committed(self, job: SaveJob, seconds: float) -> None:
         if self.on_commit is not None:
-            self.on_commit(job.final, seconds)
+            self.on_commit(job.final, seconds, job.timings)
 
     def _peft_trainable(self) -> set[str] | None:
         return state_dicts.trainable_names(self.state.parallel) if self.state.peft_model is not None else None

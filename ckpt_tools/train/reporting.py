@@ -78,15 +78,18 @@ class Reporter:
                     "pause_s": round(stats.pause_s, 4),
                     "async": stats.asynchronous,
                     "extra_peak_bytes": stats.extra_bytes,
+                    "phases_s": stats.phases,
                 }
             )
         how = "staged; writing in the background" if stats.asynchronous else "saved"
         self.say(f"checkpoint {stats.path} {how} (loop paused {stats.pause_s:.2f} s)")
 
-    def committed(self, path: Path, seconds: float) -> None:
+    def committed(self, path: Path, seconds: float, phases: dict[str, float]) -> None:
         """A background save finished (called from its thread)."""
         if self.log is not None:
-            self.log.write({"event": "checkpoint_committed", "path": str(path), "write_s": round(seconds, 4)})
+            self.log.write(
+                {"event": "checkpoint_committed", "path": str(path), "write_s": round(seconds, 4), "phases_s": phases}
+            )
         self.say(f"checkpoint {path} committed ({seconds:.2f} s in the background)")
 
     def close(self) -> None:

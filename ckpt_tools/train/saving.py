@@ -6,15 +6,16 @@ host copies for an asynchronous one), every rank's generator state, and the side
 payloads. :meth:`SaveJob.run` writes it - each rank its own DCP shards, the main rank the
 gathered weights and the sidecars - into the hidden partial directory, then commits.
 
-Where the collectives of a run go is a :class:`SaveGroups`: the training process groups for
-a synchronous save, dedicated gloo groups for a background one (so its gathers never
-interleave with the training loop's collectives).
+Where the collectives of a run go is a :class:`SaveGroups`: the training process group for a
+synchronous save, a dedicated gloo group for a background one (so its collectives never
+interleave with the training loop's).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.topology import TrainingStep, training_step_json
 from ckpt_tools.train import rng
 from ckpt_tools.train.distributed import DistEnv
-from ckpt_tools.train.gather_save import ShardGatherer, save_gathered
+from ckpt_tools.train.gathered_write import RowWriter, write_gathered
 from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config
 from ckpt_tools.train.policies.configs import PolicyConfig
@@ -43,17 +44,17 @@ class SaveGroups:
     """The process groups a save's collectives run on (None: the default group)."""
 
     world: Any
-    gatherer: ShardGatherer
+    rows: RowWriter
 
     @classmethod
     def training(cls, parallel: ParallelModel, env: DistEnv) -> SaveGroups:
-        return cls(world=None, gatherer=ShardGatherer.for_training(parallel, env))
+        return cls(world=None, rows=RowWriter.for_run(parallel, env))
 
     @classmethod
     def background(cls, parallel: ParallelModel, env: DistEnv) -> SaveGroups:
-        """Collective: gloo groups of their own, for saves that run beside the training loop."""
+        """Collective: a gloo group of its own, for saves that run beside the training loop."""
         world = dist.new_group(backend="gloo") if env.distributed else None
-        return cls(world=world, gatherer=ShardGatherer.for_background(parallel, env))
+        return cls(world=world, rows=RowWriter.for_run(parallel, env, background=True))
 
     def barrier(self, env: DistEnv) -> None:
         if env.distributed:
@@ -80,7 +81,7 @@ class SaveJob:
     scaler_state: dict[str, Any] | None
     processors: tuple[Pipeline, Pipeline]
     adapter_config: Any = None  # peft config, saved as adapter_config.json
-    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def partial(self) -> Path:
@@ -98,24 +99,34 @@ class SaveJob:
         return replace(self, model=_host_copy(self.model, host_mesh), optimizer=_host_copy(self.optimizer, host_mesh))
 
     def run(self, groups: SaveGroups) -> Path:
-        """Collective over ``groups``: write everything into the partial dir, then commit."""
+        """Collective over ``groups``: write everything into the partial dir, then commit.
+
+        ``timings`` records how long each phase took on this rank (the benchmarks read them).
+        """
         paths = StepPaths(self.partial)
+        clock = PhaseClock(self.timings)
         if self.fmt.has_dcp:
             dcp.save({layout.MODEL_DCP_KEY: self.model}, checkpoint_id=paths.model_dcp, process_group=groups.world)
+            clock.lap("model_dcp")
         if self.fmt.has_gathered:
             gathered = {self.gathered_keys[k]: v for k, v in self.model.items()}
-            save_gathered(gathered, paths.pretrained_model / self.gathered_name, groups.gatherer, self.env)
+            path = paths.pretrained_model / self.gathered_name
+            write_gathered(gathered, path, groups.rows, lambda: groups.barrier(self.env), {"format": "pt"})
+            clock.lap("gathered")
         if self.sharded:
             optimizer = {layout.OPTIMIZER_DCP_KEY: self.optimizer}
             dcp.save(optimizer, checkpoint_id=paths.optimizer_dcp, process_group=groups.world)
         elif self.env.is_main:
             write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
+        clock.lap("optimizer")
         if self.env.is_main:
             self._write_sidecars(paths)
         groups.barrier(self.env)
+        clock.lap("sidecars")
         if self.env.is_main:
             commit(self.partial, self.final, self.root)
         groups.barrier(self.env)
+        clock.lap("commit")
         return self.final
 
     def _write_sidecars(self, paths: StepPaths) -> None:
@@ -133,6 +144,19 @@ class SaveJob:
             write_json_atomic(paths.scaler_state, self.scaler_state)
         # Written last: a training_step.json means everything it describes is there.
         paths.training_step.write_text(training_step_json(self.record))
+
+
+class PhaseClock:
+    """Seconds per named phase, written into ``into`` as each phase ends."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        t = time.perf_counter()
+        self.into[name] = round(t - self.last, 4)
+        self.last = t
 
 
 def _host_copy(value: Any, host_mesh: Any) -> Any:

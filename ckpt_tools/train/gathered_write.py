@@ -9,7 +9,7 @@ modules kept unsharded). No rank ever holds more than its own shard, and the byt
 no network - the same shared-directory assumption DCP itself makes.
 
 The file lives inside the checkpoint's hidden partial directory, so it is invisible until
-the whole checkpoint is committed; each writer fsyncs what it wrote.
+the whole checkpoint is committed, and the commit fsyncs it once (whoever wrote its pages).
 """
 
 from __future__ import annotations
@@ -112,7 +112,6 @@ def write_gathered(
     try:
         for (name, tensor), offset in zip(state.items(), offsets, strict=True):
             _write_tensor(fd, path, name, tensor, offset, writer)
-        os.fsync(fd)
     except OSError as e:
         raise WriteError(describe_os_error(path, e)) from None
     finally:

@@ -40,7 +40,7 @@ from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
 from ckpt_tools.train.procstats import PeakMemory, now
 from ckpt_tools.train.sampler import GlobalOrderSampler
-from ckpt_tools.train.saving import PhaseClock, SaveGroups, SaveJob, prepare_partial
+from ckpt_tools.train.saving import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 
 
 @dataclass
@@ -121,6 +121,7 @@ class CheckpointManager:
         self._in_flight: BackgroundSave | None = None
         self._groups: SaveGroups | None = None
         self._cpu_mesh: Any = None
+        self._buffers = StagingBuffers()
         self.on_commit: Any = None  # called (path, seconds) when a background save is committed
 
     # ------------------------------------------------------------------ save
@@ -141,7 +142,7 @@ class CheckpointManager:
         clock.lap("capture")
         if s.cfg.checkpoint_async:
             groups = self._background_groups()
-            job = job.staged(self._host_mesh())
+            job = job.staged(self._host_mesh(), self._buffers)
             clock.lap("stage")
             self._in_flight = BackgroundSave(job, groups, self._on_committed)
             self._in_flight.start()

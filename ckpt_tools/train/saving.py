@@ -91,12 +91,15 @@ class SaveJob:
     def final(self) -> Path:
         return self.root / self.final_name
 
-    def staged(self, host_mesh: Any) -> SaveJob:
+    def staged(self, host_mesh: Any, buffers: StagingBuffers) -> SaveJob:
         """A copy whose tensors are private host copies: the loop may change the live ones now.
 
         Sharded tensors keep their layout on ``host_mesh`` (the CPU mesh of the same shape).
+        The copies land in ``buffers``, reused from one save to the next.
         """
-        return replace(self, model=_host_copy(self.model, host_mesh), optimizer=_host_copy(self.optimizer, host_mesh))
+        model = buffers.copy(("model",), self.model, host_mesh)
+        optimizer = buffers.copy(("optimizer",), self.optimizer, host_mesh)
+        return replace(self, model=model, optimizer=optimizer)
 
     def run(self, groups: SaveGroups) -> Path:
         """Collective over ``groups``: write everything into the partial dir, then commit.
@@ -159,20 +162,40 @@ class PhaseClock:
         self.last = t
 
 
-def _host_copy(value: Any, host_mesh: Any) -> Any:
-    """Deep copy of a state tree, tensors cloned to host memory (DTensors keep their layout)."""
-    if isinstance(value, DTensor):
-        local = value.to_local().detach().to("cpu", copy=True)
-        return DTensor.from_local(
-            local, host_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
-        )
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _host_copy(v, host_mesh) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_host_copy(v, host_mesh) for v in value]
-    return copy.deepcopy(value)
+class StagingBuffers:
+    """Host buffers for staged copies, kept between saves.
+
+    A fresh multi-GB allocation per save costs page faults that cost as much as the copy
+    itself; reusing the previous save's buffers (free again once it committed - at most one
+    save is in flight) leaves a plain memcpy. The price is that the buffers stay resident:
+    one copy of this rank's model and optimizer shards, for the life of the run.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(self, key: tuple[Any, ...], value: Any, host_mesh: Any) -> Any:
+        """Deep copy of a state tree into the buffers (DTensors keep their layout on ``host_mesh``)."""
+        if isinstance(value, DTensor):
+            local = self._into(key, value.to_local())
+            return DTensor.from_local(
+                local, host_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+            )
+        if isinstance(value, torch.Tensor):
+            return self._into(key, value)
+        if isinstance(value, dict):
+            return {k: self.copy((*key, k), v, host_mesh) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.copy((*key, i), v, host_mesh) for i, v in enumerate(value)]
+        return copy.deepcopy(value)
+
+    def _into(self, key: tuple[Any, ...], tensor: torch.Tensor) -> torch.Tensor:
+        source = tensor.detach()
+        buffer = self.tensors.get(key)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = self.tensors[key] = torch.empty(source.shape, dtype=source.dtype, device="cpu")
+        buffer.copy_(source)
+        return buffer
 
 
 def prepare_partial(job: SaveJob) -> None:

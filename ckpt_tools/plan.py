@@ -34,7 +34,7 @@ from ckpt_tools.resume_source import (
     resolve_step_dir,
 )
 from ckpt_tools.resume_target import ResumeTarget, TargetRequest, resolve_target
-from ckpt_tools.topology import Topology
+from ckpt_tools.topology import BatchFactorization, Topology
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
 PEFT_PREFIX = "base_model.model."
@@ -97,27 +97,6 @@ class TopologyInfo:
 
 
 @dataclass(frozen=True)
-class BatchInfo:
-    batch_size: int
-    dp_world_size: int
-    grad_accum_steps: int
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.batch_size * self.dp_world_size
-
-    @property
-    def effective_batch_size(self) -> int:
-        return self.samples_per_step * self.grad_accum_steps
-
-    def describe(self) -> str:
-        return (
-            f"{self.effective_batch_size} = batch_size {self.batch_size} × dp_world_size {self.dp_world_size}"
-            f" × grad_accum {self.grad_accum_steps}"
-        )
-
-
-@dataclass(frozen=True)
 class DataOrder:
     sample_exact: bool
     samples_seen: int | None
@@ -150,8 +129,8 @@ class ReshardPlan:
     weights: str | None  # which input the resume loads weights from
     optimizer: str | None
     ranks: list[RankPlan] = field(default_factory=list)
-    batch_before: BatchInfo | None = None
-    batch_after: BatchInfo | None = None
+    batch_before: BatchFactorization | None = None
+    batch_after: BatchFactorization | None = None
     data: DataOrder | None = None
     suggestion: Suggestion | None = None
     blockers: list[str] = field(default_factory=list)  # what cannot work, and why
@@ -250,10 +229,10 @@ def _describe(source: ResumeSource, path: Path | None) -> str | None:
     return f"{rel} ({'DCP shards' if path.is_dir() else 'safetensors'})"
 
 
-def _batch(batch: int | None, world: int | None, accum: int | None) -> BatchInfo | None:
+def _batch(batch: int | None, world: int | None, accum: int | None) -> BatchFactorization | None:
     if batch is None or world is None or accum is None:
         return None
-    return BatchInfo(batch, world, accum)
+    return BatchFactorization(batch, world, accum)
 
 
 # ====================================================================== per rank
@@ -389,7 +368,7 @@ def _node_notes(topology: Topology) -> list[str]:
 # ====================================================================== data order and scaling
 
 
-def _data_order(source: ResumeSource, before: BatchInfo | None, after: BatchInfo | None) -> DataOrder:
+def _data_order(source: ResumeSource, before: BatchFactorization | None, after: BatchFactorization | None) -> DataOrder:
     record = source.record
     sampler = record.sampler
     exact = (
@@ -423,7 +402,9 @@ def _data_order(source: ResumeSource, before: BatchInfo | None, after: BatchInfo
     )
 
 
-def _suggest(source: ResumeSource, before: BatchInfo | None, after: BatchInfo | None) -> Suggestion | None:
+def _suggest(
+    source: ResumeSource, before: BatchFactorization | None, after: BatchFactorization | None
+) -> Suggestion | None:
     if before is None or after is None:
         return None
     lr = source.config.lr if source.config else None
@@ -451,4 +432,4 @@ def _suggest(source: ResumeSource, before: BatchInfo | None, after: BatchInfo | 
     return Suggestion(lr, lr_after, steps, steps_after, remaining, text)
 
 
-__all__ = ["BatchInfo", "DataOrder", "FileRead", "RankPlan", "ReshardPlan", "Resident", "Suggestion", "plan_reshard"]
+__all__ = ["DataOrder", "FileRead", "RankPlan", "ReshardPlan", "Resident", "Suggestion", "plan_reshard"]

@@ -21,7 +21,8 @@ def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Pa
     header = next(line for line in out.splitlines() if line.strip().startswith("rank"))
     assert all(col in header for col in ("weights read", "optim read", "params", "grads", "optim state", "resident"))
     assert "KiB" in out and "pytorch_model_fsdp_0/__0_0.distcp" in out
-    assert "before     16 = batch_size 8 × dp_world_size 2" in out and "after      16 = batch_size 4" in out
+    assert "before     effective batch 16 = batch_size 8 × dp_world_size 2" in out
+    assert "after      effective batch 16 = batch_size 4" in out
     assert "data order not sample-exact" in out and "epoch 0, offset 64" in out
     assert "verdict: the resume can work" in out
     machine = run_cli(*args, "--json", no_torch=True)

@@ -25,22 +25,10 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ckpt_tools.errors import CheckpointError, WriteError
-from ckpt_tools.st_writer import TensorSpec, build_header, describe_os_error
+from ckpt_tools.st_writer import build_header, describe_os_error
 from ckpt_tools.train.distributed import DistEnv
 from ckpt_tools.train.parallel import ParallelModel
-
-SAFETENSORS_DTYPES = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
+from ckpt_tools.train.safetensors_io import as_bytes, tensor_spec
 
 
 @dataclass(frozen=True)
@@ -61,24 +49,6 @@ class RowWriter:
         names = mesh.mesh_dim_names or ()
         first_replica = "dp_replicate" not in names or mesh.get_local_rank("dp_replicate") == 0
         return cls(env.is_main, mesh.get_local_rank("dp_shard"), parallel.dp_shard, first_replica, background)
-
-
-def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
-    if tensor.dtype not in SAFETENSORS_DTYPES:
-        raise CheckpointError(f"{name}: dtype {tensor.dtype} has no safetensors code")
-    return TensorSpec(
-        name, SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.numel() * tensor.element_size()
-    )
-
-
-def as_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes without a copy when it is contiguous on the host (bf16/bool via an integer view)."""
-    t = tensor.detach().contiguous().cpu()
-    if t.dtype is torch.bfloat16:
-        t = t.view(torch.int16)
-    elif t.dtype is torch.bool:
-        t = t.view(torch.uint8)
-    return memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
 def dim0_sharded(tensor: torch.Tensor) -> bool:

@@ -239,3 +239,22 @@ def test_fsdp_options_change_what_fsdp_does() -> None:
     assert kept["sharded_before_forward"] and not kept["sharded_after_forward"]  # params stay gathered
     assert kept["offload_policy"] == "CPUOffloadPolicy" and kept["params_offloaded"]
     assert not default["params_offloaded"]
+
+
+def test_ignored_modules_match_peft_module_names(base_policy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ignored"
+    common = [
+        *BASE_FLAGS,
+        f"--policy.path={base_policy}",
+        *LORA,
+        "--steps=2",
+        "--save_freq=2",
+        "--parallelism.dp_shard=2",
+    ]
+    proc = ok(train(*common, "--accelerator.fsdp.ignored_modules=.*action_head", f"--output_dir={out}", nproc=2))
+    assert "unsharded (ignored_modules): base_model.model.action_head" in proc.stdout
+    refused = train(
+        *common, "--accelerator.fsdp.ignored_modules=action_head", f"--output_dir={tmp_path / 'x'}", nproc=2
+    )
+    assert refused.returncode != 0
+    assert "matches no module path" in refused.stderr and "base_model.model." in refused.stderr

@@ -13,9 +13,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from ckpt_tools.errors import CkptError, ExitCode
 from ckpt_tools.train.distributed import env_rank
+
+if TYPE_CHECKING:
+    from ckpt_tools.train.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,40 +43,42 @@ def main(argv: list[str] | None = None) -> None:
     _run(cfg, resume_from)
 
 
-def _run(cfg: object, resume_from: Path | None) -> None:
+def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
     from ckpt_tools.train.distributed import init_distributed, teardown
     from ckpt_tools.train.loop import run_training
 
     env = init_distributed()
     try:
-        run_training(cfg, env, resume_from)  # type: ignore[arg-type]
+        run_training(cfg, env, resume_from)
     except CkptError as e:
-        _fail(e, env.is_main, teardown_env=env)
+        _fail(e, env.is_main, collective_started=True)
     except KeyboardInterrupt:
         if env.is_main:
             print("error: interrupted", file=sys.stderr, flush=True)
         os._exit(130)
     teardown(env)  # the collective finish: every rank is done before anything is published
-    policy = getattr(cfg, "policy", None)
-    if env.is_main and policy is not None and policy.repo_id:
+    if env.is_main and cfg.policy is not None and cfg.policy.repo_id:
         from ckpt_tools.train.publish import publish_final
 
         try:
-            url = publish_final(cfg)  # type: ignore[arg-type]
+            url = publish_final(cfg)
         except CkptError as e:
             _fail(e, True)
         print(f"published the final policy to {url}", flush=True)
 
 
-def _fail(error: CkptError, is_main: bool, teardown_env: object = None) -> None:
+def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> NoReturn:
+    """Print the one line (main rank: every rank reaches the same verdict) and exit with its code."""
     if is_main:
         print(f"error: {error}", file=sys.stderr, flush=True)
     code = int(getattr(error, "exit_code", ExitCode.USAGE))
     sys.stdout.flush()
     sys.stderr.flush()
-    # Other ranks may be blocked in a collective that will never complete: exit now rather
-    # than wait for them in an orderly teardown (torchrun stops the rest of the job).
-    os._exit(code) if teardown_env is not None else sys.exit(code)
+    if collective_started:
+        # Other ranks may be blocked in a collective that will never complete: exit now rather
+        # than wait for them in an orderly teardown (torchrun stops the rest of the job).
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,9 @@ def convert_dcp(
     if what is not None and what not in WHAT_CHOICES:
         raise UsageError(f"--what must be one of {', '.join(WHAT_CHOICES)}, got {what!r}")
     source = _resolve_source(Path(checkpoint_dir), what)
+    if delete_dcp and not dry_run and source.dcp_dir.is_symlink():
+        # Decided before any work: the shards would be converted and then could not be deleted.
+        raise UsageError(f"--delete-dcp: {source.dcp_dir} is a symlink; delete the directory it points at yourself")
     index = ChunkIndex.load(source.dcp_dir)
     index.require_valid()
     with ShardFiles(index.root) as files:
@@ -201,7 +204,14 @@ def convert_dcp(
             )
         _check_outputs(plan, overwrite)
         verify = verify or delete_dcp
-        written = _write_all(plan, layouts, files, progress=progress, verify=verify)
+        try:
+            written = _write_all(plan, layouts, files, progress=progress, verify=verify)
+        except MemoryError:
+            # Tensors that are not row slabs are assembled in memory, one at a time.
+            raise WriteError(
+                "not enough memory to assemble the largest tensor (non-row-sharded tensors are built in memory"
+                " one at a time); nothing was written"
+            ) from None
     result = ConvertResult(
         plan,
         tuple(written),

@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 3  # the input is missing, incomplete, corrupt, or unsafe to read
     WRITE_FAILED = 4  # the output could not be written (disk full, permissions); inputs untouched
     HUB_FAILED = 5  # publishing to the Hugging Face Hub failed; local files untouched
+    PEER_LOST = 6  # training: another rank died or stalled past --collective_timeout_s
 
 
 class CkptError(Exception):
@@ -66,3 +67,9 @@ class HubError(CkptError):
     """A Hub operation failed; the local files are intact and a retry is safe."""
 
     exit_code = ExitCode.HUB_FAILED
+
+
+class PeerLost(CkptError):
+    """Training: a collective failed because another rank died or stopped answering."""
+
+    exit_code = ExitCode.PEER_LOST

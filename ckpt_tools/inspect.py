@@ -294,7 +294,10 @@ def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool,
         path = paths.root / rel
         if rel.endswith(f"/{L.MODEL_WEIGHTS}") and (pm / L.MODEL_WEIGHTS_INDEX).exists():
             continue  # a sharded gathered save: the index stands for model.safetensors
-        if path.exists():
+        if path.is_file():
+            continue
+        if path.exists():  # a directory, FIFO or device where a file belongs
+            missing.append(f"{rel} (not a regular file)")
             continue
         present = [g for g in gathered if g.exists()]
         if path.parent == paths.model_dcp and present:
@@ -361,10 +364,10 @@ def _header_check(path: Path, rel: str, report: InspectReport) -> SafetensorsHea
 
 
 def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -> None:
-    import json
+    from ckpt_tools.safe_read import read_json
 
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json(path)
         weight_map = doc["weight_map"]
         files = sorted(set(weight_map.values()))
         if not all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in files):

@@ -211,7 +211,10 @@ def resolve_last(checkpoints_root: Path) -> Path | None:
     link = checkpoints_root / LAST_LINK
     if not link.is_symlink() and not link.is_dir():
         return None
-    target = link.resolve()
+    try:
+        target = link.resolve()
+    except (OSError, RuntimeError):  # a symlink loop ('last -> last'): no usable last
+        return None
     return target if target.is_dir() else None
 
 

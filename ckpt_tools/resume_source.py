@@ -20,12 +20,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ckpt_tools import layout as L
 from ckpt_tools.dcp import dtypes
 from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.index import ChunkIndex
-from ckpt_tools.dcp.reader import read_chunk_layout
+from ckpt_tools.dcp.reader import read_chunk_layout, read_pickled_object
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.peft_keys import saved_adapter_key
 from ckpt_tools.saved_config import SavedConfig, read_saved_config
@@ -194,13 +195,25 @@ def _dcp(directory: Path) -> Container:
     return Container(DCP_WEIGHTS, directory, index=index, problems=problems)
 
 
+_PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
+
+
 def _archive_problems(index: ChunkIndex) -> list[str]:
-    """Each chunk's torch.save archive parses and holds the dtype and shape ``.metadata`` promises.
+    """Each chunk's torch.save archive parses and holds the dtype and shape ``.metadata`` promises;
+    each non-tensor item is plain data.
 
     Sizes alone miss a shard overwritten in place; torch's loader would then fail mid-resume.
     Reading the archive headers costs a few hundred bytes per chunk, never the tensor data.
     """
     with ShardFiles(index.root) as files:
+        for item in index.byte_items.values():
+            # torch's loader unpickles these with torch.load(weights_only=False): a global in
+            # them would run on resume, so anything but plain data makes the checkpoint unsafe.
+            what = f"{item.file} ({item.fqn})"
+            try:
+                read_pickled_object(files.fd(item.file), item.offset, item.length, _PLAIN_OBJECTS, what=what)
+            except CkptError as e:
+                return [str(e)]
         for entry in index.tensors.values():
             for c in entry.chunks:
                 what = f"{c.file} ({entry.fqn})"
@@ -266,9 +279,10 @@ def _optimizer_state(optimizer: Container) -> dict[str, dict[str, TensorSpec]]:
                 out.setdefault(name, {})[slot] = spec
     elif optimizer.header is not None:
         for key, spec in _header_specs(optimizer.header).items():
-            if key.startswith(FLAT_STATE_PREFIX):
-                name, _, slot = key[len(FLAT_STATE_PREFIX) :].rpartition(".")
-                out.setdefault(name, {})[slot] = TensorSpec(name, spec.shape, spec.dtype, spec.itemsize, key)
+            # Split exactly as the loader does: a key it cannot place (no "state." prefix, an
+            # unknown parameter) shows up as state of a name the param groups do not list.
+            name, _, slot = key.removeprefix(FLAT_STATE_PREFIX).rpartition(".")
+            out.setdefault(name, {})[slot] = TensorSpec(name, spec.shape, spec.dtype, spec.itemsize, key)
     return out
 
 

@@ -9,13 +9,13 @@ JSON at all.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.safe_read import parse_json, read_text
 
 
 def _get(data: Any, dotted: str) -> Any:
@@ -39,6 +39,29 @@ def _float(data: Any, dotted: str) -> float | None:
 def _str(data: Any, dotted: str) -> str | None:
     value = _get(data, dotted)
     return value if isinstance(value, str) else None
+
+
+# The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
+CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
+OPTIONAL_GROUPS = frozenset({"policy", "peft"})
+CONFIG_SCALARS = frozenset(
+    {
+        "output_dir",
+        "job_name",
+        "seed",
+        "steps",
+        "batch_size",
+        "save_freq",
+        "save_checkpoint",
+        "log_freq",
+        "checkpoint_format",
+        "checkpoint_async",
+        "resume",
+        "progress_bar",
+        "collective_timeout_s",
+        "log_samples",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -109,18 +132,43 @@ class SavedConfig:
     def dataset_repo_id(self) -> str | None:
         return _str(self.raw, "dataset.repo_id")
 
+    def shape_problems(self) -> list[str]:
+        """What the training core's config decoder refuses outright: unknown fields, a group that is
+        not an object, a scalar given as a list or object, a policy without a type.
+
+        Values of the right shape but the wrong type ("8" for 8) are left to the decoder, which
+        converts some of them; these are only the cases that can never start.
+        """
+        out = []
+        for key, value in self.raw.items():
+            group = key in CONFIG_GROUPS or (key in OPTIONAL_GROUPS and value is not None)
+            if group and not isinstance(value, dict):
+                out.append(f"{key} is {type(value).__name__}, not an object")
+            elif key in CONFIG_SCALARS and isinstance(value, (list, dict)):
+                out.append(f"{key} is {type(value).__name__}, not a value")
+            elif key not in CONFIG_GROUPS | OPTIONAL_GROUPS | CONFIG_SCALARS:
+                out.append(f"unknown field {key!r}")
+        policy = self.raw.get("policy")
+        if policy is None:
+            out.append("no policy: the resume cannot rebuild the model")
+        elif isinstance(policy, dict) and not isinstance(policy.get("type"), str):
+            out.append("policy has no type")
+        return out
+
 
 def read_saved_config(path: str | os.PathLike[str]) -> SavedConfig:
     """Parse ``train_config.json``; :class:`CheckpointError` when it is missing or not a JSON object."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        text = read_text(p)
     except FileNotFoundError:
         raise CheckpointError(f"{p}: missing (--resume reads the training config from it)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{p}: unreadable ({e})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    try:
+        data = parse_json(text)
+    except ValueError as e:
+        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{p}: expected a JSON object")
     return SavedConfig(p, data)

@@ -9,7 +9,6 @@ no gap or overlap, and the data section ends exactly at the end of the file.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from ckpt_tools.dcp import dtypes
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.safe_read import open_regular, parse_json
 
 MAX_HEADER_BYTES = 100 * 2**20  # what the safetensors library itself accepts
 
@@ -59,7 +59,7 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Parse the header; structural problems are listed in ``problems``, unreadable files raise."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        with os.fdopen(open_regular(p), "rb") as f:  # a FIFO or device is refused, not waited on
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -73,8 +73,8 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     except OSError as e:
         raise CheckpointError(f"{p}: unreadable ({e.strerror})") from None
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        doc = parse_json(raw)
+    except ValueError:
         raise CorruptCheckpoint(f"{p}: safetensors header is not valid JSON") from None
     if not isinstance(doc, dict):
         raise CorruptCheckpoint(f"{p}: safetensors header is not a JSON object")

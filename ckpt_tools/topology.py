@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.safe_read import parse_json, read_text
 
 SCHEMA_VERSION = 1
 
@@ -172,7 +173,8 @@ class TrainingStep:
         if "step" not in data:
             raise CheckpointError("training_step.json: no 'step' field")
         step = _int(data, "step")
-        assert step is not None
+        if step is None:
+            raise CheckpointError("training_step.json: 'step' is null")
         known = {f.name for f in fields(cls)} | {"effective_batch_size"}
         legacy = _int(data, "num_processes") if "num_processes" in data else None
         topology = _topology(data.get("topology"))
@@ -229,15 +231,15 @@ class TrainingStep:
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p)
     except FileNotFoundError:
         raise CheckpointError(f"{p}: missing (every checkpoint's training_state/ has one)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{p}: unreadable ({e})") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        data = parse_json(text)
+    except ValueError as e:
+        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
     try:
         return TrainingStep.from_dict(data)
     except CheckpointError as e:
@@ -251,12 +253,21 @@ def training_step_json(record: TrainingStep) -> str:
 # --- field coercion: a foreign record gets one clear line, never a traceback -----------------
 
 
+def _show(value: Any) -> str:
+    """A value for a one-line message: a hostile record may hold megabytes in one field."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _int(data: dict[str, Any], key: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckpointError(f"training_step.json: '{key}' must be a non-negative integer, got {value!r}")
+        raise CheckpointError(f"training_step.json: '{key}' must be a non-negative integer, got {_show(value)}")
     return value
 
 
@@ -265,7 +276,7 @@ def _str(data: dict[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise CheckpointError(f"training_step.json: '{key}' must be a string, got {value!r}")
+        raise CheckpointError(f"training_step.json: '{key}' must be a string, got {_show(value)}")
     return value
 
 
@@ -274,7 +285,7 @@ def _bool(data: dict[str, Any], key: str) -> bool | None:
     if value is None:
         return None
     if not isinstance(value, bool):
-        raise CheckpointError(f"training_step.json: '{key}' must be true or false, got {value!r}")
+        raise CheckpointError(f"training_step.json: '{key}' must be true or false, got {_show(value)}")
     return value
 
 
@@ -282,7 +293,7 @@ def _object(value: Any, key: str) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise CheckpointError(f"training_step.json: '{key}' must be an object, got {value!r}")
+        raise CheckpointError(f"training_step.json: '{key}' must be an object, got {_show(value)}")
     return value
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from ckpt_tools.dcp import dtypes
 from ckpt_tools.dcp.safe_pickle import restricted_loads
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.safe_read import read_bytes
 
 # A .metadata file holds a few hundred bytes per chunk: 512 MiB is millions of chunks, far
 # beyond any real model, and caps what a pickle bomb can make us allocate.
@@ -249,7 +250,7 @@ def load_metadata(directory: str | os.PathLike[str]) -> DcpMetadata:
     if size > MAX_METADATA_BYTES:
         raise CorruptCheckpoint(f"{path}: {size} bytes, larger than any real DCP metadata (limit {MAX_METADATA_BYTES})")
     try:
-        data = path.read_bytes()
+        data = read_bytes(path, MAX_METADATA_BYTES)  # a FIFO or a device is refused, never read
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable ({e.strerror})") from None
     return parse_metadata(data, what=str(path))
@@ -260,7 +261,7 @@ def parse_metadata(data: bytes, *, what: str = ".metadata") -> DcpMetadata:
         raise CorruptCheckpoint(f"{what}: larger than any real DCP metadata")
     raw = restricted_loads(data, METADATA_ALLOWLIST, what=what)
     try:
-        return _convert(raw)
+        return _convert(raw, budget=[len(data)])
     except _Invalid as e:
         raise CorruptCheckpoint(f"{what}: {e}") from None
 
@@ -286,14 +287,20 @@ def _shape(v: Any, what: str) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _convert(raw: Any) -> DcpMetadata:
+def _convert(raw: Any, budget: list[int]) -> DcpMetadata:
+    """``budget``: how many chunks the file may declare in all - one per byte of it at most.
+
+    A real file spends dozens of bytes on every chunk; a pickle that shares one list of
+    thousands of chunks between thousands of names spends a few, and would make every reader
+    build millions of chunk records from a file of kilobytes.
+    """
     _expect(isinstance(raw, _Metadata), "not a DCP Metadata object")
     sdm = getattr(raw, "state_dict_metadata", None)
     _expect(isinstance(sdm, dict), "state_dict_metadata is not a dict")
     items: dict[str, TensorMeta | BytesMeta] = {}
     for fqn, meta in sdm.items():
         _expect(isinstance(fqn, str), "a state_dict_metadata key is not a string")
-        items[fqn] = _item(fqn, meta)
+        items[fqn] = _item(fqn, meta, budget)
 
     planner: dict[str, tuple[str | int, ...]] = {}
     raw_planner = getattr(raw, "planner_data", None)
@@ -332,7 +339,7 @@ def _convert(raw: Any) -> DcpMetadata:
     )
 
 
-def _item(fqn: str, meta: Any) -> TensorMeta | BytesMeta:
+def _item(fqn: str, meta: Any, budget: list[int]) -> TensorMeta | BytesMeta:
     if isinstance(meta, _BytesStorageMetadata):
         return BytesMeta()
     _expect(isinstance(meta, _TensorStorageMetadata), f"{fqn!r}: unknown storage metadata type")
@@ -345,6 +352,8 @@ def _item(fqn: str, meta: Any) -> TensorMeta | BytesMeta:
     size = _shape(getattr(meta, "size", None), f"{fqn!r} size")
     raw_chunks = getattr(meta, "chunks", None)
     _expect(isinstance(raw_chunks, list), f"{fqn!r}: chunks is not a list")
+    budget[0] -= len(raw_chunks)
+    _expect(budget[0] >= 0, "declares more chunks than a file of its size can describe (shared-reference bomb)")
     chunks = []
     for chunk in raw_chunks:
         _expect(isinstance(chunk, _ChunkStorageMetadata), f"{fqn!r}: a chunk is not ChunkStorageMetadata")

@@ -20,6 +20,7 @@ from ckpt_tools.dcp.zipblob import SpanReader, read_directory
 from ckpt_tools.errors import CorruptCheckpoint
 
 _MAX_PICKLE_BYTES = 1 * 2**20  # data.pkl of one tensor is ~150 bytes
+MAX_EXPANDED_BYTES = 64 * 2**20  # an expanded (self-overlapping) view may stand for this much, no more
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,14 @@ def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLa
     needed = (record.storage_offset + extent) * dtype.itemsize if extent else 0
     if needed > data.size:
         raise CorruptCheckpoint(f"{what}: tensor needs {needed} bytes of storage, the archive has {data.size}")
+    numel = 0 if extent == 0 else _product(record.size)
+    if numel > extent and numel * dtype.itemsize > MAX_EXPANDED_BYTES:
+        # Zero or overlapping strides (an ``expand``ed view) turn a few stored bytes into a
+        # tensor of any size: fine for a small buffer, a memory bomb beyond that.
+        raise CorruptCheckpoint(
+            f"{what}: a {list(record.size)} {dtype.name} tensor viewed from {extent} stored elements"
+            f" (strides {list(record.stride)}): expanded views larger than {MAX_EXPANDED_BYTES} bytes are refused"
+        )
     return ChunkLayout(
         dtype=dtype,
         size=record.size,
@@ -200,6 +209,13 @@ def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLa
         data_offset=start + data.offset + record.storage_offset * dtype.itemsize,
         byteorder=byteorder,
     )
+
+
+def _product(values: tuple[int, ...]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
 
 
 def read_pickled_object(fd: int, start: int, length: int, allowed: dict[tuple[str, str], Any], *, what: str) -> Any:

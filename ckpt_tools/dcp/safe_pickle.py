@@ -82,23 +82,36 @@ def restricted_loads(
         raise CorruptCheckpoint(f"{what}: not a valid pickle ({detail[:200]})") from None
 
 
-def plain_data(value: Any, *, depth: int = 0, max_depth: int = 32) -> Any:
+MAX_PLAIN_NODES = 100_000  # an optimizer's param_groups entry holds a handful of values
+
+
+def plain_data(value: Any, *, depth: int = 0, max_depth: int = 32, max_nodes: int = MAX_PLAIN_NODES) -> Any:
     """Check that ``value`` is plain JSON-like data (scalars, str, lists, tuples, dicts) and return it.
 
-    Used on BYTE_IO items after a restricted load: anything else (or a nesting deeper than
-    ``max_depth``) raises ValueError, so callers can skip the item with a note.
+    Used on BYTE_IO items after a restricted load: anything else, a nesting deeper than
+    ``max_depth``, or more than ``max_nodes`` values in all raises ValueError, so callers can
+    skip the item with a note. The node budget matters: a few hundred pickle bytes can share
+    one list ten levels deep and describe 10**10 values that a plain walk would try to copy.
     """
+    budget = [max_nodes]
+    return _plain(value, depth, max_depth, budget)
+
+
+def _plain(value: Any, depth: int, max_depth: int, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError("holds too many values (a shared-reference bomb?)")
     if depth > max_depth:
         raise ValueError("nested too deeply")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [plain_data(v, depth=depth + 1, max_depth=max_depth) for v in value]
+        return [_plain(v, depth + 1, max_depth, budget) for v in value]
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             if not isinstance(k, (str, int, float, bool)) and k is not None:
                 raise ValueError(f"dict key of type {type(k).__name__}")
-            out[str(k)] = plain_data(v, depth=depth + 1, max_depth=max_depth)
+            out[str(k)] = _plain(v, depth + 1, max_depth, budget)
         return out
     raise ValueError(f"holds a {type(value).__name__}")

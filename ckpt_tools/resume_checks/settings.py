@@ -32,6 +32,7 @@ def settings_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     else:
         checks = [_topology(source, target)]
     checks += [Check.fail("start-up", problem) for problem in problems]
+    checks += _config_shape(source)
     checks.append(_config_vs_record(source))
     checks.append(_precision(source, target))
     checks += _pretrained(source)
@@ -58,6 +59,18 @@ def _topology(source: ResumeSource, target: ResumeTarget) -> Check:
     else:
         change = "model and optimizer state reshard on load"
     return Check.ok("topology", f"{label} → {now.describe()} ({change})")
+
+
+def _config_shape(source: ResumeSource) -> list[Check]:
+    """A train_config.json the trainer's config decoder refuses stops the resume at start-up."""
+    if source.config is None:
+        return []
+    problems = source.config.shape_problems()
+    if not problems:
+        return []
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    path = source.paths.train_config
+    return [Check.fail("train-config", f"{path.parent.name}/{path.name}: {problems[0]}{more}")]
 
 
 def _config_vs_record(source: ResumeSource) -> Check:
@@ -139,11 +152,11 @@ def _policy_dir(name: str, path: str, what: str, role: str) -> Check:
 
 
 def _adapter_config(source: ResumeSource) -> Check:
-    import json
+    from ckpt_tools.safe_read import read_json
 
     path = source.paths.adapter_config
     try:
-        base = json.loads(path.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        base = read_json(path).get("base_model_name_or_path")
     except FileNotFoundError:
         return Check.warn("adapter-config", f"{path}: missing - the adapter cannot be loaded with PeftModel")
     except (OSError, ValueError, AttributeError) as e:

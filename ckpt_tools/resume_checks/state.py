@@ -8,7 +8,6 @@ is unchanged, and the loss-scaler state an fp16 run needs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ckpt_tools.errors import CkptError
@@ -17,6 +16,7 @@ from ckpt_tools.resumability import unresumable_reason
 from ckpt_tools.resume_checks.model import Check
 from ckpt_tools.resume_source import Container, ResumeSource, TensorSpec
 from ckpt_tools.resume_target import ResumeTarget
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.st_header import read_header
 
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
@@ -133,15 +133,16 @@ def _flat_groups(source: ResumeSource, optimizer: Container) -> Check | None:
     """``optimizer_param_groups.json`` names every parameter that has state (the loader splits keys by it)."""
     path = source.paths.optimizer_param_groups
     try:
-        groups = json.loads(path.read_text(encoding="utf-8"))["param_groups"]
+        groups = read_json(path)["param_groups"]
         names = {n for g in groups for n in g["params"]}
     except (OSError, ValueError, KeyError, TypeError):
         return Check.fail("optimizer-coverage", f"{_rel(source, path)}: not a valid param-groups file")
     unknown = sorted(n for n in source.optimizer_state if n not in names)
     if unknown:
+        key = next(iter(source.optimizer_state[unknown[0]].values())).key
         return Check.fail(
             "optimizer-coverage",
-            f"{_rel(source, optimizer.path)} holds state of {unknown[0]}, which {path.name} does not list",
+            f"{_rel(source, optimizer.path)} holds {key!r}, state of a parameter {path.name} does not list",
         )
     return None
 
@@ -223,11 +224,13 @@ def _scaler(source: ResumeSource, target: ResumeTarget) -> Check:
 
 def _json_file(name: str, path: Path, what: str) -> Check:
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        state = read_json(path)
     except FileNotFoundError:
         return Check.fail(name, f"{path}: missing ({what})")
     except (OSError, ValueError) as e:
         return Check.fail(name, f"{path}: unreadable ({e})")
+    if not isinstance(state, dict):  # the loader hands it to load_state_dict
+        return Check.fail(name, f"{path}: a JSON {type(state).__name__}, not the state object it must hold")
     return Check.ok(name, f"{path.parent.name}/{path.name} ({what})")
 
 

@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata
+
+from ckpt_tools.train.safe_dcp import SafeFileSystemReader
 
 
-class CountingReader(FileSystemReader):
+class CountingReader(SafeFileSystemReader):
     """A DCP reader that records the span of every read request, per shard file."""
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | Path, metadata: Metadata | None = None) -> None:
+        super().__init__(path, metadata)
         self.requested: dict[str, int] = defaultdict(int)
 
     def _slice_file(self, file: Any, sinfo: Any) -> IO[bytes]:

@@ -13,7 +13,6 @@ now, and the flat files of non-sharded runs load into sharded ones.
 
 from __future__ import annotations
 
-import json
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -30,15 +29,17 @@ from ckpt_tools.errors import CheckpointError, CkptError, LegacyCheckpoint
 from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.peft_keys import saved_adapter_key
 from ckpt_tools.resumability import unresumable_reason
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.topology import Topology, TrainingStep, read_training_step
 from ckpt_tools.train import rng, state_dicts
 from ckpt_tools.train.audit import CountingReader, resident_bytes, write_audit
 from ckpt_tools.train.config import TrainConfig
-from ckpt_tools.train.distributed import DistEnv, barrier
+from ckpt_tools.train.distributed import DistEnv, barrier, is_transport_failure
 from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.precision import PrecisionPlan
 from ckpt_tools.train.processors import Pipeline
 from ckpt_tools.train.procstats import PeakMemory, now
+from ckpt_tools.train.safe_dcp import SafeLoadPlanner, load_torch_metadata
 from ckpt_tools.train.sampler import GlobalOrderSampler
 from ckpt_tools.train.saving import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 
@@ -105,7 +106,7 @@ class BackgroundSave:
     def join(self) -> None:
         self.thread.join()
         if self.error is not None:
-            if isinstance(self.error, CkptError):
+            if isinstance(self.error, CkptError) or is_transport_failure(self.error):
                 raise self.error
             raise CheckpointError(
                 f"background save of step {self.job.step} failed ({type(self.error).__name__}: {self.error});"
@@ -243,7 +244,21 @@ class CheckpointManager:
     # ------------------------------------------------------------------ load
 
     def load(self, step_dir: Path) -> ResumeReport:
-        """Collective: restore everything from ``step_dir`` onto the current topology."""
+        """Collective: restore everything from ``step_dir`` onto the current topology.
+
+        A checkpoint is input from outside: whatever in it makes the restore fail (a JSON value
+        of the wrong type that a ``load_state_dict`` chokes on, a tensor of the wrong shape)
+        ends as one :class:`CheckpointError` naming the directory, not a traceback.
+        """
+        try:
+            return self._load(step_dir)
+        except CkptError:
+            raise
+        except Exception as e:
+            detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise CheckpointError(f"{step_dir}: cannot resume from it ({type(e).__name__}: {detail})") from None
+
+    def _load(self, step_dir: Path) -> ResumeReport:
         s = self.state
         paths = StepPaths(step_dir)
         record = read_training_step(paths.training_step)
@@ -299,12 +314,13 @@ class CheckpointManager:
         state_dicts.load_full_model_state(s.parallel, full, partial)
 
     def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
-        reader = CountingReader(directory)
+        # Validated and unpickled data-only before torch sees it (torch would pickle.load it).
+        reader = CountingReader(directory, load_torch_metadata(directory / layout.DCP_METADATA))
         try:
             with warnings.catch_warnings():
                 # A single-process resume from shards is intended; torch warns about it regardless.
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
         except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
             raise _dcp_error(directory, e) from None
         prefix = directory.relative_to(step_root)
@@ -380,11 +396,13 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ckpt_tools.errors import CkptError, ExitCode
+from ckpt_tools.errors import CkptError, ExitCode, PeerLost, WriteError
 from ckpt_tools.train.distributed import env_rank
+
+PEER_LOST_GRACE_S = 3.0
 
 if TYPE_CHECKING:
     from ckpt_tools.train.config import TrainConfig
@@ -44,14 +47,25 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
-    from ckpt_tools.train.distributed import init_distributed, teardown
+    from torch.distributed import DistError
+
+    from ckpt_tools.train.distributed import init_distributed, is_transport_failure, teardown
     from ckpt_tools.train.loop import run_training
 
-    env = init_distributed()
+    env = init_distributed(cfg.collective_timeout_s)
     try:
         run_training(cfg, env, resume_from)
+    except WriteError as e:
+        # Rank-local: each rank writes its own files, and may be the only one that failed.
+        _fail(WriteError(f"rank {env.rank}: {e}") if env.distributed else e, True, collective_started=True)
     except CkptError as e:
         _fail(e, env.is_main, collective_started=True)
+    except DistError as e:
+        _peer_lost(e, env.rank)
+    except RuntimeError as e:
+        if not is_transport_failure(e):
+            raise
+        _peer_lost(e, env.rank)
     except KeyboardInterrupt:
         if env.is_main:
             print("error: interrupted", file=sys.stderr, flush=True)
@@ -65,6 +79,23 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
         except CkptError as e:
             _fail(e, True)
         print(f"published the final policy to {url}", flush=True)
+
+
+def _peer_lost(error: Exception, rank: int) -> NoReturn:
+    """A collective failed: another rank died or stalled past ``--collective_timeout_s``.
+
+    When a rank fails with its own error (a full disk, say), the others see only the broken
+    connection; the launcher then stops them with SIGTERM within a moment. So a rank waits
+    briefly and stays quiet if that happens, leaving the line that names the cause; if nothing
+    stops it (the failed rank is stalled, not dead), it says what it saw.
+    """
+    from ckpt_tools.train.stopping import sigterm_seen
+
+    time.sleep(PEER_LOST_GRACE_S)
+    if sigterm_seen():
+        os._exit(int(ExitCode.PEER_LOST))
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    _fail(PeerLost(f"rank {rank}: a collective failed (a rank died or stalled; {first})"), True, True)
 
 
 def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> NoReturn:

@@ -122,6 +122,9 @@ class TrainConfig:
     checkpoint_async: bool = False
     resume: bool = False
     progress_bar: bool = True
+    # How long a rank waits in a collective for the others: a rank that dies or stalls (a
+    # wedged process, a lost node) ends the job with an error after this, instead of a hang.
+    collective_timeout_s: float = 600.0
     # Audit trail of data order: each rank appends the dataset indices it consumes per step
     # to <output_dir>/samples/rank<R>.jsonl.
     log_samples: bool = False
@@ -149,6 +152,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "save_freq", "log_freq"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name}={getattr(self, name)}: must be a positive integer")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError(f"--collective_timeout_s={self.collective_timeout_s}: must be positive (seconds)")
         if self.grad_accum_steps <= 0:
             raise ConfigError(f"--accelerator.gradient_accumulation.steps={self.grad_accum_steps}: must be ≥ 1")
         if self.save_freq % self.grad_accum_steps:

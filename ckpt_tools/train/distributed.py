@@ -69,6 +69,27 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     return DistEnv(rank, local_rank, world_size, local_world, device, backend)
 
 
+# What the transports say when a peer is gone or silent. gloo raises a plain RuntimeError for
+# a collective that times out inside autograd hooks (FSDP's reduce-scatter), not a DistError.
+_TRANSPORT_FAILURES = (
+    "Timed out waiting",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "gloo/transport",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",
+)
+
+
+def is_transport_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another rank died or stalled."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(marker in text for marker in _TRANSPORT_FAILURES)
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

@@ -22,6 +22,7 @@ from typing import Any
 import draccus
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -192,11 +193,13 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
     except FileNotFoundError:
         raise ConfigError(f"--config_path={path}: no such file") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--config_path={path}: unreadable ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"--config_path={path}: unreadable ({e.strerror or e})") from None
+    except ValueError as e:  # syntax, 100k-deep nesting, 5000-digit numbers
+        raise ConfigError(f"--config_path={path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config_path={path}: expected a JSON object")
     return data

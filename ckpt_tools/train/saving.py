@@ -26,10 +26,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools import layout
+from ckpt_tools.errors import CheckpointError, CkptError, WriteError
 from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
 from ckpt_tools.layout import CheckpointFormat, StepPaths
+from ckpt_tools.st_writer import describe_os_error
 from ckpt_tools.topology import TrainingStep, training_step_json
-from ckpt_tools.train import rng
+from ckpt_tools.train import rng, writer_threads
 from ckpt_tools.train.distributed import DistEnv
 from ckpt_tools.train.gathered_write import RowWriter, write_gathered
 from ckpt_tools.train.parallel import ParallelModel
@@ -105,7 +107,21 @@ class SaveJob:
         """Collective over ``groups``: write everything into the partial dir, then commit.
 
         ``timings`` records how long each phase took on this rank (the benchmarks read them).
+        A write that fails (full disk, file-size limit, permissions) is one :class:`WriteError`;
+        the partial directory stays hidden and ``last`` unmoved.
         """
+        try:
+            return self._run(groups)
+        except CkptError:
+            raise
+        except OSError as e:
+            raise WriteError(
+                f"checkpoint save of step {self.step}: {describe_os_error(Path(e.filename or self.partial), e)}"
+            ) from None
+        except dcp.CheckpointException as e:
+            raise _save_error(self, e) from None
+
+    def _run(self, groups: SaveGroups) -> Path:
         paths = StepPaths(self.partial)
         clock = PhaseClock(self.timings)
         if self.fmt.has_dcp:
@@ -148,6 +164,18 @@ class SaveJob:
         paths.training_step.write_text(training_step_json(self.record))
 
 
+def _save_error(job: SaveJob, error: dcp.CheckpointException) -> CkptError:
+    """The first rank failure inside ``dcp.save``, as a one-line error (OSError: a WriteError)."""
+    failures = list(getattr(error, "failures", {}).values())
+    for failure in failures:
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, OSError):
+            where = Path(cause.filename) if cause.filename else job.partial
+            return WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, cause)}")
+    last = str(error).strip().splitlines()[-1][:300] if str(error).strip() else type(error).__name__
+    return CheckpointError(f"checkpoint save of step {job.step}: DCP save failed ({last})")
+
+
 def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     """``dcp.save`` into ``directory``, without the per-chunk CRC32 and with two writer threads.
 
@@ -161,7 +189,8 @@ def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     config.save.compute_crc32 = False
     try:
         writer = dcp.FileSystemWriter(directory, thread_count=2)
-        dcp.save(state, storage_writer=writer, process_group=group)
+        with writer_threads.watched():  # torch drops its writer threads' failures
+            dcp.save(state, storage_writer=writer, process_group=group)
     finally:
         config.save.compute_crc32 = previous
 
@@ -218,10 +247,14 @@ class StagingBuffers:
 def prepare_partial(job: SaveJob) -> None:
     """Main rank: an empty partial directory (a crashed earlier save at this step is cleared)."""
     paths = StepPaths(job.partial)
-    job.root.mkdir(parents=True, exist_ok=True)
-    remove_tree(job.partial)
-    paths.pretrained_model.mkdir(parents=True)
-    paths.training_state.mkdir()
+    try:
+        job.root.mkdir(parents=True, exist_ok=True)
+        remove_tree(job.partial)
+        paths.pretrained_model.mkdir(parents=True)
+        paths.training_state.mkdir()
+    except OSError as e:
+        where = Path(e.filename) if e.filename else job.partial
+        raise WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, e)}") from None
 
 
 def commit(partial: Path, final: Path, root: Path) -> None:

@@ -24,6 +24,14 @@ class TrainingStopped(CkptError):
     exit_code = 143  # type: ignore[assignment]  # 128 + SIGTERM, as shells report it
 
 
+_SIGTERM_SEEN = False
+
+
+def sigterm_seen() -> bool:
+    """Whether this process got SIGTERM while a :class:`StopRequest` was installed."""
+    return _SIGTERM_SEEN
+
+
 class StopRequest:
     def __init__(self) -> None:
         self.requested = False
@@ -36,6 +44,8 @@ class StopRequest:
         return request
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        global _SIGTERM_SEEN
+        _SIGTERM_SEEN = True
         self.requested = True
 
     def uninstall(self) -> None:

@@ -1,0 +1,91 @@
+"""Read the small files of a checkpoint (JSON, headers, ``.metadata``) without trusting them.
+
+A checkpoint is a directory anyone could have made, so a file in it may be a FIFO (opening it
+blocks forever), a symlink to ``/dev/zero`` (reading it never ends), a directory, or
+gigabytes where a few hundred bytes belong; its JSON may nest a hundred thousand levels deep
+(``json`` raises RecursionError) or spell a 5000-digit integer (ValueError). These helpers
+turn all of that into the two exception types the callers already handle - ``OSError`` for
+"cannot read it" and ``ValueError`` for "not what it should be" - instead of a hang, a
+memory blow-up or a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_JSON_BYTES = 64 * 2**20  # a train_config.json is a few KB; an index json a few MB at most
+
+
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a directory: nothing a checkpoint file can be."""
+
+
+class InvalidJson(ValueError):
+    """Text that is not a JSON document ``json`` can decode safely (syntax, nesting, huge numbers)."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor on ``path``, which must be a regular file (symlinks followed).
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once, so the type check can refuse it; on a
+    regular file the flag changes nothing.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "directory" if stat.S_ISDIR(mode) else "FIFO, device or socket"
+            raise NotRegularFile(errno.EINVAL, f"not a regular file (a {kind})", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The whole content of a regular file of at most ``limit`` bytes."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, more than the {limit} such a file can hold", str(path))
+        chunks, got = [], 0
+        while got <= limit:
+            data = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not data:
+                break
+            chunks.append(data)
+            got += len(data)
+        if got > limit:
+            raise OSError(errno.EFBIG, f"more than the {limit} bytes such a file can hold", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> str:
+    """UTF-8 text of a regular file (UnicodeDecodeError, a ValueError, for other bytes)."""
+    return read_bytes(path, limit).decode("utf-8")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` whose only failure is :class:`InvalidJson` (a ValueError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidJson("JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, 4300-digit integers, bad UTF-8 in bytes
+        message = e.msg if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
+        where = f" at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise InvalidJson(f"{message}{where}") from None
+
+
+def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file: ``OSError`` (missing, unreadable, not a file, too big) or ``ValueError`` (bad content)."""
+    return parse_json(read_text(Path(path), limit))

@@ -183,7 +183,7 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
                 report.checkpoint(manager.save(step))
             if stop.agreed(env) and state.step < cfg.steps:
                 break
-        if cfg.save_checkpoint and first_step_of_process and not stop.requested:
+        if cfg.save_checkpoint and first_step_of_process and not stop.stopping:
             final_missing = not (manager.root / layout.step_dir_name(state.step, cfg.steps)).exists()
             if agree(env, final_missing):
                 # Resumed at the final step into an output dir without that checkpoint: write
@@ -195,7 +195,7 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
         if samples_log is not None:
             samples_log.handle.close()
         stop.uninstall()
-    if stop.requested and state.step < cfg.steps:
+    if stop.stopping and state.step < cfg.steps:
         last = layout.resolve_last(manager.root)
         raise TrainingStopped(
             f"stopped by SIGTERM after step {state.step}; last complete checkpoint: {last if last else 'none'}"

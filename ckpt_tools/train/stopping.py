@@ -34,7 +34,8 @@ def sigterm_seen() -> bool:
 
 class StopRequest:
     def __init__(self) -> None:
-        self.requested = False
+        self.requested = False  # this rank got SIGTERM (set by the handler only)
+        self.stopping = False  # every rank agreed to stop (set by ``agreed`` only)
         self._previous: Any = None
 
     @classmethod
@@ -53,10 +54,16 @@ class StopRequest:
             signal.signal(signal.SIGTERM, self._previous)
 
     def agreed(self, env: DistEnv) -> bool:
-        """Collective: True on every rank once any rank got SIGTERM."""
+        """Collective: True on every rank, at the same step, once any rank got SIGTERM.
+
+        The result is what the all-reduce said, never this rank's flag read afterwards: a
+        signal that lands while the all-reduce runs (ranks wait there, so it often does) is
+        left in ``requested`` for the next call, not lost and not acted on by one rank alone.
+        """
         if not env.distributed:
-            return self.requested
+            self.stopping = self.requested
+            return self.stopping
         flag = torch.tensor([int(self.requested)], device=env.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.requested = bool(flag.item())
-        return self.requested
+        self.stopping = bool(flag.item())
+        return self.stopping

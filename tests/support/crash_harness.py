@@ -335,6 +335,7 @@ def kill_trials(chain: Chain, count: int, signal_kind: str = "sigkill") -> Itera
         time.sleep(trial.delay_s)
         trial.last_before = last_step(chain.root)
         fault_at = time.monotonic()
+        saving_at_signal = partial.exists()
         _send(job, trial.target, signal.SIGKILL if signal_kind == "sigkill" else signal.SIGTERM)
         exited = job.wait(EXIT_DEADLINE_S)
         trial.exit_s = round(time.monotonic() - fault_at, 3)
@@ -342,7 +343,10 @@ def kill_trials(chain: Chain, count: int, signal_kind: str = "sigkill") -> Itera
         trial.hung = not exited
         if trial.hung:
             trial.violations.append(f"the job did not exit within {EXIT_DEADLINE_S:.0f} s of the fault")
-        trial.landed = "mid-save" if partial.exists() else "after-commit"
+        # SIGKILL: the save was cut off if its partial dir is still there. SIGTERM: the save
+        # was running when the signal came (it is then finished before the job stops).
+        cut_off = partial.exists() if signal_kind == "sigkill" else saving_at_signal
+        trial.landed = "mid-save" if cut_off else "after-commit"
         trial.last_after = last_step(chain.root)
         trial.violations += check_last(chain.root, chain.nproc, trial.last_before)
         if signal_kind == "sigterm":

@@ -162,3 +162,21 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FSDP over 2 shards" in proc.stdout
     assert (tmp_path / "acc/checkpoints/000002/training_state/optimizer_0/.metadata").exists()
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("[" * 100_000, "config.json: unreadable (JSON nested too deeply)"),
+        ('{"type": "act", "dim_model": ' + "9" * 5000 + "}", "config.json: unreadable (Exceeds the limit (4300 digits)"),
+        ("[1, 2]", "not a policy config (no 'type')"),
+    ],
+    ids=["100k-deep", "5000-digit-int", "a-list"],
+)
+def test_a_hostile_policy_config_is_one_line(content: str, needle: str, tmp_path: Path) -> None:
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text(content)
+    flags = [a for a in TINY if not a.startswith("--policy.")]
+    line = one_error_line(train(*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"))
+    assert needle in line

@@ -8,7 +8,6 @@ batches are gathered by index, so data loading is deterministic and costs nothin
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.safe_read import read_json
 
 FRAMES_FILE = Path("data") / "frames.safetensors"
 INFO_FILE = Path("meta") / "info.json"
@@ -91,11 +91,11 @@ def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
     frames_file = root / FRAMES_FILE
     try:
         columns = load_file(str(frames_file))
-        stats = json.loads((root / STATS_FILE).read_text())
-        json.loads((root / INFO_FILE).read_text())
+        stats = read_json(root / STATS_FILE)
+        read_json(root / INFO_FILE)
     except FileNotFoundError as e:
         raise ConfigError(f"dataset {root}: missing {Path(e.filename).relative_to(root)}") from None
-    except (SafetensorError, json.JSONDecodeError, OSError) as e:
+    except (SafetensorError, ValueError, OSError) as e:
         raise ConfigError(f"dataset {root}: unreadable ({e})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:

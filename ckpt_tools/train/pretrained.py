@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools import layout
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
 from ckpt_tools.train.processors import Pipeline
 
@@ -44,8 +44,8 @@ def saved_policy_config(directory: Path) -> dict[str, Any]:
     if not config.exists():
         raise ConfigError(f"--policy.path={directory}: no {layout.POLICY_CONFIG} (not a saved policy)")
     try:
-        data = json.loads(config.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = read_json(config)
+    except (OSError, ValueError) as e:
         raise ConfigError(f"{config}: unreadable ({e})") from None
     if not isinstance(data, dict) or "type" not in data:
         raise ConfigError(f"{config}: not a policy config (no 'type')")
@@ -77,9 +77,10 @@ def adapter_base_path(directory: Path) -> Path:
     """The base model an adapter was trained on, as recorded in ``adapter_config.json``."""
     config = directory / layout.ADAPTER_CONFIG
     try:
-        base = json.loads(config.read_text()).get("base_model_name_or_path")
-    except (OSError, json.JSONDecodeError) as e:
+        data = read_json(config)
+    except (OSError, ValueError) as e:
         raise ConfigError(f"{config}: unreadable ({e})") from None
+    base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
     if not base:
         raise ConfigError(f"{config}: records no base_model_name_or_path")
     base_dir = resolve_policy_dir(str(base))

@@ -9,7 +9,6 @@ its own statistics and not the dataset's.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from safetensors.torch import load_file
 from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.fsutil import write_json_atomic
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.train.safetensors_io import save_state_dict
 
 EPS = 1e-8
@@ -81,7 +81,7 @@ class Pipeline:
     def load(cls, directory: Path, prefix: str) -> Pipeline:
         path = directory / f"{prefix}.json"
         try:
-            spec = json.loads(path.read_text())
+            spec = read_json(path)
             steps = []
             for entry in spec["steps"]:
                 keys = tuple(entry["config"]["keys"])

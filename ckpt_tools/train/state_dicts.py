@@ -12,7 +12,6 @@ modules): the frozen base is never written.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.fsutil import write_json_atomic
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.train.parallel import ParallelModel
 from ckpt_tools.train.safetensors_io import save_state_dict
 
@@ -89,7 +89,7 @@ def load_flat_optimizer(
 ) -> None:
     try:
         tensors = load_file(str(tensors_path))
-        groups = json.loads(groups_path.read_text())
+        groups = read_json(groups_path)
     except FileNotFoundError as e:
         raise CheckpointError(f"{e.filename}: missing") from None
     except Exception as e:  # damaged safetensors / JSON

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,6 +13,7 @@ from torch import nn
 from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.fsutil import write_json_atomic
+from ckpt_tools.safe_read import read_json
 from ckpt_tools.train.policies.configs import PolicyConfig
 from ckpt_tools.train.safetensors_io import save_state_dict
 
@@ -64,10 +64,10 @@ def policy_config_to_dict(config: PolicyConfig) -> dict[str, Any]:
 def load_policy_config(directory: Path) -> PolicyConfig:
     path = directory / layout.POLICY_CONFIG
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (a saved policy needs its config.json)") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})") from None
     try:
         config = draccus.decode(PolicyConfig, data)

@@ -1,3 +1,6 @@
+"""``python -m ckpt_tools.cli``: the same app as the ``ckpt-tools`` entry point."""
+
 from ckpt_tools.cli.app import main
 
-main()
+if __name__ == "__main__":
+    main()

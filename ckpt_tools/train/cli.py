@@ -47,8 +47,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
-    from torch.distributed import DistError
-
     from ckpt_tools.train.distributed import init_distributed, is_transport_failure, teardown
     from ckpt_tools.train.loop import run_training
 
@@ -60,9 +58,7 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
         _fail(WriteError(f"rank {env.rank}: {e}") if env.distributed else e, True, collective_started=True)
     except CkptError as e:
         _fail(e, env.is_main, collective_started=True)
-    except DistError as e:
-        _peer_lost(e, env.rank)
-    except RuntimeError as e:
+    except RuntimeError as e:  # DistError, or gloo's plain RuntimeError from inside FSDP hooks
         if not is_transport_failure(e):
             raise
         _peer_lost(e, env.rank)

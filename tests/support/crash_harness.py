@@ -33,7 +33,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import IO, Any
 
 from ckpt_tools import layout
 from tests.support.procs import descendants, kill_tree
-from tests.support.training import MEDIUM, TINY, script
+from tests.support.training import MEDIUM, TINY, train_command, train_env
 
 EXIT_DEADLINE_S = 120.0  # torchrun gives survivors 30 s after SIGTERM before it SIGKILLs them
 STALL_SLACK_S = 90.0  # a stopped rank: the job ends within the collective timeout plus this
@@ -116,19 +115,9 @@ class Job:
 def launch(args: list[str], nproc: int, logs: Path, name: str, preexec: Any = None) -> Job:
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("LEROBOT_ALLOW_ACCELERATE_ENV", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        script("ckpt-train"),
-        *args,
-    ]
+    cmd = train_command(args, nproc)  # every config is multi-process: always torchrun
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=preexec)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=train_env(), preexec_fn=preexec)
     return Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
 
 

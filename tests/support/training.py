@@ -8,6 +8,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ def script(name: str) -> str:
     return str(path)
 
 
-def _env(extra: dict[str, str] | None) -> dict[str, str]:
+def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every test launch of ckpt-train gets (one BLAS thread, no env override)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("LEROBOT_ALLOW_ACCELERATE_ENV", None)
@@ -52,19 +54,24 @@ def train(
     *args: str, nproc: int = 1, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run ckpt-train; nproc > 1 goes through a real ``torchrun --standalone``."""
+    return subprocess.run(
+        train_command(args, nproc), env=train_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def train_command(args: Sequence[str], nproc: int) -> list[str]:
+    """``ckpt-train ARGS``, under ``torchrun --standalone`` when ``nproc`` > 1."""
     if nproc == 1:
-        cmd = [script("ckpt-train"), *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            script("ckpt-train"),
-            *args,
-        ]
-    return subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=timeout)
+        return [script("ckpt-train"), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script("ckpt-train"),
+        *args,
+    ]
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

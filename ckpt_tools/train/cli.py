@@ -1,7 +1,8 @@
 """``ckpt-train`` / ``lerobot-train``: parse dotted flags, refuse bad set-ups, run training.
 
-Every start-up refusal is one line naming the flag or variable, printed by rank 0 only (all
-ranks reach the same verdict), and a non-zero exit; never a traceback.
+Every start-up refusal is one line naming the flag or variable, printed by rank 0 (all ranks
+reach the same verdict; the others wait for the launcher to stop them), and a non-zero exit;
+never a traceback.
 
     torchrun --nproc-per-node=2 $(which ckpt-train) --dataset.root=fixtures/tiny_robot \\
         --policy.type=act --parallelism.dp_shard=2 --output_dir=outputs/run --steps=20
@@ -11,6 +12,7 @@ ranks reach the same verdict), and a non-zero exit; never a traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -85,20 +87,38 @@ def _peer_lost(error: Exception, rank: int) -> NoReturn:
     briefly and stays quiet if that happens, leaving the line that names the cause; if nothing
     stops it (the failed rank is stalled, not dead), it says what it saw.
     """
-    from ckpt_tools.train.stopping import sigterm_seen
-
-    time.sleep(PEER_LOST_GRACE_S)
-    if sigterm_seen():
-        os._exit(int(ExitCode.PEER_LOST))
+    _await_launcher_stop(int(ExitCode.PEER_LOST))
     first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
     _fail(PeerLost(f"rank {rank}: a collective failed (a rank died or stalled; {first})"), True, True)
 
 
+def _await_launcher_stop(code: int) -> None:
+    """Wait up to the grace period for the launcher's SIGTERM, and exit quietly with ``code`` if it comes.
+
+    The launcher stops every rank as soon as one exits with an error. A rank that has nothing
+    to add to another rank's line (the same verdict, or only the broken connection it left)
+    therefore waits a moment instead of exiting first, which would get the rank holding the
+    real line killed before it printed it.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+    deadline = time.monotonic() + PEER_LOST_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> NoReturn:
-    """Print the one line (main rank: every rank reaches the same verdict) and exit with its code."""
-    if is_main:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+    """Print the one line and exit with its code.
+
+    Every rank usually reaches the same verdict; the main rank prints it. Another rank waits
+    for the launcher to stop it, and prints the line itself (naming its rank) only if no stop
+    comes, that is when the verdict was its own.
+    """
     code = int(getattr(error, "exit_code", ExitCode.USAGE))
+    if not is_main and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _await_launcher_stop(code)
+        print(f"error: rank {env_rank()}: {error}", file=sys.stderr, flush=True)
+    else:
+        print(f"error: {error}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     if collective_started:

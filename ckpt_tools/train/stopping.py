@@ -24,14 +24,6 @@ class TrainingStopped(CkptError):
     exit_code = 143  # type: ignore[assignment]  # 128 + SIGTERM, as shells report it
 
 
-_SIGTERM_SEEN = False
-
-
-def sigterm_seen() -> bool:
-    """Whether this process got SIGTERM while a :class:`StopRequest` was installed."""
-    return _SIGTERM_SEEN
-
-
 class StopRequest:
     def __init__(self) -> None:
         self.requested = False  # this rank got SIGTERM (set by the handler only)
@@ -45,8 +37,6 @@ class StopRequest:
         return request
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        global _SIGTERM_SEEN
-        _SIGTERM_SEEN = True
         self.requested = True
 
     def uninstall(self) -> None:

@@ -54,6 +54,9 @@ def test_async_checkpoints_equal_sync_ones_and_resume_bit_exactly(runs: dict[str
             assert (step_dir(out, step) / rel).read_bytes() == (step_dir(sync, step) / rel).read_bytes(), rel
     pauses = [e["pause_s"] for e in events(out, "checkpoint")]
     assert len(pauses) == 2 and len(events(out, "checkpoint_committed")) == 2
+    # The host copy of the step-4 save is taken in the background; step 5's update waited for it.
+    # (The step-8 save is the last: no update follows, the end of training waits for it instead.)
+    assert [e["step"] for e in events(out, "checkpoint_staged")] == [4]
     # Resume from an asynchronously written checkpoint: bit-exact with the uninterrupted run.
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,21 @@ class SaveStats:
 
 
 class BackgroundSave:
-    """A save job running in a thread beside the loop; ``join`` re-raises its failure."""
+    """A save job running in a thread beside the loop: stage, then write and commit.
 
-    def __init__(self, job: SaveJob, groups: SaveGroups, on_committed: Any) -> None:
-        self.job, self.groups, self.on_committed = job, groups, on_committed
+    Staging (copying the state into private host buffers) runs in the thread too, while the
+    loop goes on with the next step's forward and backward, which only read the parameters
+    and optimizer state. The loop calls :meth:`wait_staged` before it changes them (the
+    optimizer update). ``join`` re-raises the thread's failure.
+    """
+
+    def __init__(
+        self, job: SaveJob, groups: SaveGroups, on_committed: Any, stage: Callable[[SaveJob], SaveJob] | None = None
+    ) -> None:
+        self.job, self.groups, self.on_committed, self.stage = job, groups, on_committed, stage
         self.error: BaseException | None = None
+        self.staged = threading.Event()
+        self.gate_passed = False  # the loop has waited for the staging once (it reports that wait)
         self.thread = threading.Thread(target=self._run, name=f"ckpt-save-{job.step}", daemon=True)
 
     def start(self) -> None:
@@ -97,11 +108,20 @@ class BackgroundSave:
     def _run(self) -> None:
         started = now()
         try:
+            try:
+                if self.stage is not None:
+                    self.job = self.stage(self.job)
+                    self.job.timings["stage"] = round(now() - started, 4)
+            finally:
+                self.staged.set()  # also on failure: the loop must not wait forever; join reports it
             self.job.run(self.groups)
         except BaseException as e:  # handed to the loop's thread by join()
             self.error = e
             return
         self.on_committed(self.job, now() - started)
+
+    def wait_staged(self) -> None:
+        self.staged.wait()
 
     def join(self) -> None:
         self.thread.join()
@@ -112,6 +132,15 @@ class BackgroundSave:
                 f"background save of step {self.job.step} failed ({type(self.error).__name__}: {self.error});"
                 f" {layout.LAST_LINK} still points at the previous complete checkpoint"
             ) from None
+
+
+@dataclass
+class StagingWait:
+    """How long the loop waited, before an optimizer update, for a background save's host copy."""
+
+    step: int  # the checkpoint's step
+    wait_s: float  # the loop stood still this long (0 when the copy finished under the step's compute)
+    stage_s: float  # how long the copy took in the background
 
 
 class CheckpointManager:
@@ -129,8 +158,9 @@ class CheckpointManager:
 
     def save(self, step: int) -> SaveStats:
         """Collective. Synchronous: returns once the checkpoint is committed. Asynchronous
-        (``--checkpoint_async``): returns once the state is staged to host memory; a background
-        thread writes and commits it while the loop goes on (at most one save in flight).
+        (``--checkpoint_async``): returns once the state is captured; a background thread
+        copies it to host memory (the loop calls :meth:`before_update` before it changes the
+        state), then writes and commits it while the loop goes on (at most one save in flight).
         """
         s = self.state
         memory = PeakMemory()
@@ -143,9 +173,12 @@ class CheckpointManager:
         clock.lap("capture")
         if s.cfg.checkpoint_async:
             groups = self._background_groups()
-            job = job.staged(self._host_mesh(), self._buffers)
-            clock.lap("stage")
-            self._in_flight = BackgroundSave(job, groups, self._on_committed)
+            host_mesh, buffers = self._host_mesh(), self._buffers  # collective (once): on this thread
+
+            def stage(captured: SaveJob) -> SaveJob:
+                return captured.staged(host_mesh, buffers)
+
+            self._in_flight = BackgroundSave(job, groups, self._on_committed, stage)
             self._in_flight.start()
         else:
             job.run(SaveGroups.training(s.parallel, s.env))
@@ -154,6 +187,25 @@ class CheckpointManager:
         extra = _gather_ints(s.env, memory.extra_bytes())
         phases = pause_phases if s.cfg.checkpoint_async else {**pause_phases, **job.timings}
         return SaveStats(step, job.final, pause, extra, s.cfg.checkpoint_async, phases)
+
+    def before_update(self) -> StagingWait | None:
+        """Block until the in-flight background save holds its private copy of the state.
+
+        Called before every optimizer update, the first change to the parameters and the
+        optimizer state since the save captured them. Returns the wait the first time after
+        a save (None otherwise), so that the loop can report the whole pause of the save.
+        """
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.gate_passed:
+            return None
+        started = now()
+        in_flight.wait_staged()
+        in_flight.gate_passed = True
+        return StagingWait(in_flight.job.step, now() - started, in_flight.job.timings.get("stage", 0.0))
+
+    def staging_bytes(self) -> int:
+        """Host memory this rank keeps for background saves: one copy of its model and optimizer shards."""
+        return self._buffers.nbytes
 
     def wait(self) -> None:
         """Block until the in-flight background save (if any) is committed; re-raise its failure."""

@@ -168,6 +168,9 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
             last_micro = step % cfg.grad_accum_steps == 0 or step == cfg.steps
             loss = micro_step(state, dataset, step, last_micro, samples_log)
             if last_micro:
+                staging = manager.before_update()  # a background save's copy is taken before the update
+                if staging is not None:
+                    report.staging(staging)
                 window.grad_norm = optimizer_step(state, params)
             state.scheduler.step()  # once per loop step, whatever the number of processes
             state.step = step

@@ -12,7 +12,7 @@ from ckpt_tools.train.metrics import MetricsLog
 from ckpt_tools.train.procstats import seconds_since_process_start
 
 if TYPE_CHECKING:
-    from ckpt_tools.train.checkpoint import SaveStats, TrainingState
+    from ckpt_tools.train.checkpoint import SaveStats, StagingWait, TrainingState
 
 
 class Reporter:
@@ -83,6 +83,18 @@ class Reporter:
             )
         how = "staged; writing in the background" if stats.asynchronous else "saved"
         self.say(f"checkpoint {stats.path} {how} (loop paused {stats.pause_s:.2f} s)")
+
+    def staging(self, wait: StagingWait) -> None:
+        """The loop's wait for a background save's host copy (the rest of that save's pause)."""
+        if self.log is not None:
+            self.log.write(
+                {
+                    "event": "checkpoint_staged",
+                    "step": wait.step,
+                    "wait_s": round(wait.wait_s, 4),
+                    "stage_s": round(wait.stage_s, 4),
+                }
+            )
 
     def committed(self, path: Path, seconds: float, phases: dict[str, float]) -> None:
         """A background save finished (called from its thread)."""

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools import layout
@@ -166,33 +167,72 @@ class SaveJob:
 
 def _save_error(job: SaveJob, error: dcp.CheckpointException) -> CkptError:
     """The first rank failure inside ``dcp.save``, as a one-line error (OSError: a WriteError)."""
-    failures = list(getattr(error, "failures", {}).values())
-    for failure in failures:
-        cause = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(cause, OSError):
-            where = Path(cause.filename) if cause.filename else job.partial
-            return WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, cause)}")
+    cause = os_error_in(error)
+    if cause is not None:
+        where = Path(cause.filename) if cause.filename else job.partial
+        return WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, cause)}")
     last = str(error).strip().splitlines()[-1][:300] if str(error).strip() else type(error).__name__
     return CheckpointError(f"checkpoint save of step {job.step}: DCP save failed ({last})")
 
 
+def os_error_in(error: BaseException) -> OSError | None:
+    """The first ``OSError`` in a DCP failure: in its per-rank failures, or along their chains."""
+    failures = list(getattr(error, "failures", {}).values()) or [error]
+    for failure in failures:
+        cause = writer_threads.root_cause(failure[0] if isinstance(failure, tuple) else failure)
+        if isinstance(cause, OSError):
+            return cause
+    return None
+
+
 def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
-    """``dcp.save`` into ``directory``, without the per-chunk CRC32 and with two writer threads.
+    """``dcp.save`` into ``directory``: no per-chunk CRC32, cached plans, a writer thread per free core.
 
     Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs about a third of
     the save on CPU, and nothing ever verifies it on load (torch, accelerate and our reader
     check structure and sizes instead). Durability comes from the fsync of every file.
+
+    The save plan (one entry per tensor chunk: ~1 000 per rank for a policy and its AdamW
+    state) is the same at every save of a run, yet plain ``dcp.save`` pickles every rank's
+    plan to the coordinator and the global plan back each time - a third of the save's
+    non-writing time in a profile. With plan caching each rank only says "unchanged".
     """
     from torch.utils.serialization import config
 
+    (key,) = state  # the model or the optimizer: each keeps its own cached plan
     previous = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
-        writer = dcp.FileSystemWriter(directory, thread_count=2)
+        writer = dcp.FileSystemWriter(directory, thread_count=writer_threads_per_rank())
         with writer_threads.watched():  # torch drops its writer threads' failures
-            dcp.save(state, storage_writer=writer, process_group=group)
+            dcp.save(state, storage_writer=writer, planner=CachedPlanSavePlanner(key), process_group=group)
     finally:
         config.save.compute_crc32 = previous
+
+
+def writer_threads_per_rank() -> int:
+    """DCP writer threads for this rank: the cores each local rank has to itself, 1 to 4.
+
+    Each thread serializes and writes its own shard file; threads beyond the free cores only
+    contend. Measured on 2 cores, alternating in one run: four HSDP ranks save at 1.3-1.4× a raw
+    write with one thread each, 1.5-1.9× with two; two FSDP ranks at 1.0-1.1× vs 1.2×.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(4, cores // local_ranks))
+
+
+class CachedPlanSavePlanner(DefaultSavePlanner):
+    """torch's default save planner with plan caching, cached under its own key per state.
+
+    torch keys the cache by planner class name alone; two states saved alternately (model,
+    optimizer) would evict each other's plan at every save. A changed plan is detected by
+    comparison and simply re-sent, so a stale cache costs one full exchange, never a wrong plan.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(enable_plan_caching=True)
+        self._cached_plans_key = f"{type(self).__name__}:{key}"
 
 
 class PhaseClock:
@@ -219,6 +259,10 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self.tensors: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
 
     def copy(self, key: tuple[Any, ...], value: Any, host_mesh: Any) -> Any:
         """Deep copy of a state tree into the buffers (DTensors keep their layout on ``host_mesh``)."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpoint, UsageError, WriteError
+from ckpt_tools.fsutil import sync_now
 
 ALIGNMENT = 8  # header padded with spaces so the data section starts 8-byte aligned
 COPY_BLOCK = 8 * 2**20
@@ -102,7 +103,8 @@ class StreamingWriter:
             raise AssertionError("StreamingWriter.finish before every tensor was written")
         assert self._fd is not None
         try:
-            os.fsync(self._fd)
+            if sync_now():
+                os.fsync(self._fd)
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
         finally:

@@ -9,7 +9,8 @@ modules kept unsharded). No rank ever holds more than its own shard, and the byt
 no network - the same shared-directory assumption DCP itself makes.
 
 The file lives inside the checkpoint's hidden partial directory, so it is invisible until
-the whole checkpoint is committed, and the commit fsyncs it once (whoever wrote its pages).
+the whole checkpoint is committed. Every rank that wrote rows fsyncs it before the closing
+barrier: on a file system shared between nodes a rank can only make its own pages durable.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def write_gathered(
     try:
         for (name, tensor), offset in zip(state.items(), offsets, strict=True):
             _write_tensor(fd, path, name, tensor, offset, writer)
+        if writer.writes_shards or writer.is_main:
+            os.fsync(fd)  # this rank's pages: on a shared file system no other rank can flush them
     except OSError as e:
         raise WriteError(describe_os_error(path, e)) from None
     finally:

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError, CkptError, WriteError
-from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, write_json_atomic
+from ckpt_tools.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, sync_deferred, write_json_atomic
 from ckpt_tools.layout import CheckpointFormat, StepPaths
 from ckpt_tools.st_writer import describe_os_error
 from ckpt_tools.topology import TrainingStep, training_step_json
@@ -139,7 +139,8 @@ class SaveJob:
             write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
         clock.lap("optimizer")
         if self.env.is_main:
-            self._write_sidecars(paths)
+            with sync_deferred():  # in the partial dir: the commit's fsync_tree syncs each file once
+                self._write_sidecars(paths)
         groups.barrier(self.env)
         clock.lap("sidecars")
         if self.env.is_main:

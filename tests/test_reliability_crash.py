@@ -52,9 +52,9 @@ def test_a_full_disk_during_a_save_fails_with_one_line_and_keeps_last(tmp_path: 
     trial = H.full_disk_trial(tmp_path, "fsdp-safetensors_dcp", 31)
     _clean([trial])
     assert trial.exit_code not in (None, 0)
-    assert trial.error_lines and all(
-        any(word in line for word in H.DISK_FULL_WORDS) for line in trial.error_lines
-    ), trial.error_lines
+    assert trial.error_lines and all(any(word in line for word in H.DISK_FULL_WORDS) for line in trial.error_lines), (
+        trial.error_lines
+    )
     assert trial.last_after == trial.last_before and trial.resumed
 
 

@@ -168,7 +168,10 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
     "content, needle",
     [
         ("[" * 100_000, "config.json: unreadable (JSON nested too deeply)"),
-        ('{"type": "act", "dim_model": ' + "9" * 5000 + "}", "config.json: unreadable (Exceeds the limit (4300 digits)"),
+        (
+            '{"type": "act", "dim_model": ' + "9" * 5000 + "}",
+            "config.json: unreadable (Exceeds the limit (4300 digits)",
+        ),
         ("[1, 2]", "not a policy config (no 'type')"),
     ],
     ids=["100k-deep", "5000-digit-int", "a-list"],

@@ -114,7 +114,7 @@ def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> 
     comes, that is when the verdict was its own.
     """
     code = int(getattr(error, "exit_code", ExitCode.USAGE))
-    if not is_main and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if not is_main:  # only ranks other than 0 of a multi-process job
         _await_launcher_stop(code)
         print(f"error: rank {env_rank()}: {error}", file=sys.stderr, flush=True)
     else:

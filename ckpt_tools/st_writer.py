@@ -13,7 +13,6 @@ and ``model.safetensors.index.json``) using huggingface_hub's own splitter.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -26,10 +25,10 @@ from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpoint, UsageError, WriteError
 from ckpt_tools.fsutil import sync_now
+from ckpt_tools.writeback import WritebackTracker
 
 ALIGNMENT = 8  # header padded with spaces so the data section starts 8-byte aligned
 COPY_BLOCK = 8 * 2**20
-WRITEBACK_EVERY = 64 * 2**20  # start writing dirty pages to disk after this many bytes
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
 
 
@@ -83,8 +82,7 @@ class StreamingWriter:
         self._next = 0
         self._left = 0
         self._buffer: bytearray | None = None
-        self._pos = 0  # file offset written up to
-        self._flushed = 0  # bytes handed to the kernel's writeback
+        self._writeback = WritebackTracker()
 
     # ------------------------------------------------------------------ life cycle
 
@@ -95,7 +93,7 @@ class StreamingWriter:
             raise WriteError(describe_os_error(self.path, e)) from None
         self._fd, self.tmp = fd, Path(name)
         self._write_all(self.header)
-        self._pos = len(self.header)
+        self._writeback.due(len(self.header))
 
     def finish(self) -> None:
         """All tensors written: fsync and close the temporary file."""
@@ -160,18 +158,13 @@ class StreamingWriter:
         self._advance(length)
 
     def _advance(self, n: int) -> None:
-        """Start writeback of what was written so far, every ``WRITEBACK_EVERY`` bytes.
+        """Start writeback of what was written so far, every ``WRITEBACK_EVERY`` bytes (see :mod:`writeback`).
 
-        ``POSIX_FADV_DONTNEED`` on Linux kicks off asynchronous writeback of the dirty range
-        (and drops it from the page cache once clean), so the disk works while we copy and
-        the final fsync has little left to do; it also keeps a multi-GB conversion from
-        flooding the page cache. It is advice: where unsupported, nothing changes.
+        The disk then works while we copy, the final fsync has little left to do, and a
+        multi-GB conversion does not flood the page cache.
         """
-        self._pos += n
-        if self._pos - self._flushed >= WRITEBACK_EVERY and hasattr(os, "posix_fadvise") and self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self._fd, self._flushed, self._pos - self._flushed, os.POSIX_FADV_DONTNEED)
-            self._flushed = self._pos
+        if self._writeback.due(n) and self._fd is not None:
+            self._writeback.hand_over(self._fd)
 
     def _scratch(self) -> bytearray:
         if self._buffer is None:

@@ -141,7 +141,8 @@ class SaveJob:
         if self.sharded:
             dcp_save({layout.OPTIMIZER_DCP_KEY: self.optimizer}, paths.optimizer_dcp, groups.world)
         elif self.env.is_main:
-            write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
+            with sync_deferred():  # the main rank's own files: its commit's fsync_tree syncs each once
+                write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
         clock.lap("optimizer")
         if self.env.is_main:
             with sync_deferred():  # in the partial dir: the commit's fsync_tree syncs each file once

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,11 +51,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (used once before a checkpoint commit)."""
+def fsync_tree(root: Path, already_synced: Callable[[Path], bool] | None = None) -> None:
+    """fsync every directory under ``root`` and every file but those ``already_synced`` says
+    their writers fsynced themselves (used once before a checkpoint commit)."""
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            path = os.path.join(dirpath, name)
+            if already_synced is not None and already_synced(Path(path)):
+                continue
+            fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:

@@ -65,3 +65,42 @@ def test_outside_the_deferral_and_on_other_threads_every_file_is_fsynced(tmp_pat
         thread.start()
         thread.join()
     assert len([p for p in fsynced if not os.path.isdir(p)]) == 2
+
+
+def test_the_commit_fsyncs_what_no_writer_did_and_every_directory(tmp_path: Path, fsynced: list[str]) -> None:
+    """DCP shards and the gathered weights were fsynced by the ranks that wrote them; not again."""
+    from ckpt_tools.train.saving import commit
+
+    root = tmp_path / "checkpoints"
+    partial = root / ".000003.partial"
+    model_dcp = partial / "pretrained_model" / "pytorch_model_fsdp_0"
+    optimizer_dcp = partial / "training_state" / "optimizer_0"
+    synced_by_writers = [
+        model_dcp / "__0_0.distcp",
+        model_dcp / "__1_0.distcp",
+        optimizer_dcp / "__0_0.distcp",
+        partial / "pretrained_model" / "model.safetensors",
+    ]
+    deferred = [
+        model_dcp / ".metadata",  # torch fsyncs it before flushing it: the commit must
+        optimizer_dcp / ".metadata",
+        partial / "pretrained_model" / "config.json",
+        partial / "training_state" / "rng_state.safetensors",
+        partial / "training_state" / "optimizer_state.safetensors",  # a non-sharded run's flat optimizer
+        partial / "training_step.json",
+    ]
+    for path in synced_by_writers + deferred:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+
+    commit(partial, root / "000003", root)
+
+    def now(synced: str) -> str:  # where a path fsynced inside the partial dir lives after the rename
+        return synced.replace(str(partial), str(root / "000003"))
+
+    files = sorted(p for p in fsynced if not os.path.isdir(now(p)))
+    assert files == sorted(str(p) for p in deferred)
+    directories = {p for p in fsynced if os.path.isdir(now(p))}
+    for directory in (partial, model_dcp, optimizer_dcp, partial / "pretrained_model", partial / "training_state"):
+        assert str(directory) in directories, directory
+    assert (root / "last").resolve() == root / "000003"

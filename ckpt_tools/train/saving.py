@@ -323,6 +323,24 @@ class StagingBuffers:
         return buffer
 
 
+def synced_by_their_writers(path: Path) -> bool:
+    """The files each writing rank fsynced itself before the save's closing barrier.
+
+    DCP shard files (torch's writer flushes and fsyncs each) and the gathered weights (every
+    rank that wrote rows fsyncs them: on a file system shared between nodes only the writer
+    can). The commit fsyncs everything else - the sidecars it deferred - and every directory,
+    so each file is fsynced once. DCP's ``.metadata`` is not among them: torch fsyncs it
+    before the buffered file is flushed, so the fsync may miss its bytes; the coordinator that
+    wrote it is the main rank, whose commit syncs it.
+    """
+    if path.suffix == ".distcp":
+        return True
+    return path.parent.name == layout.PRETRAINED_MODEL_DIR and path.name in (
+        layout.MODEL_WEIGHTS,
+        layout.ADAPTER_WEIGHTS,
+    )
+
+
 def prepare_partial(job: SaveJob) -> None:
     """Main rank: an empty partial directory (a crashed earlier save at this step is cleared)."""
     paths = StepPaths(job.partial)
@@ -338,7 +356,7 @@ def prepare_partial(job: SaveJob) -> None:
 
 def commit(partial: Path, final: Path, root: Path) -> None:
     """Main rank: make the partial save durable, rename it into place, then move ``last``."""
-    fsync_tree(partial)
+    fsync_tree(partial, already_synced=synced_by_their_writers)
     if final.exists():
         # Re-saving a step (a resume into the same output dir): swap the old one out first.
         stale = final.with_name(layout.partial_dir_name(final.name) + ".old")

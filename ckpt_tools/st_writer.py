@@ -160,8 +160,7 @@ class StreamingWriter:
     def _advance(self, n: int) -> None:
         """Start writeback of what was written so far, every ``WRITEBACK_EVERY`` bytes (see :mod:`writeback`).
 
-        The disk then works while we copy, the final fsync has little left to do, and a
-        multi-GB conversion does not flood the page cache.
+        The disk then works while we copy, and the final fsync has little left to do.
         """
         if self._writeback.due(n) and self._fd is not None:
             self._writeback.hand_over(self._fd)

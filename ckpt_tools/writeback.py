@@ -6,10 +6,10 @@ default: gigabytes) or grow 30 s old. A save that writes its files and then fsyn
 therefore does all of its copying first and all of its disk writing after - one after the
 other, when they could overlap. Handing each written stretch to the kernel's writeback as
 soon as it is complete lets the disk work while the next stretch is serialized, so the
-closing fsync only waits for the tail. (``POSIX_FADV_DONTNEED`` starts asynchronous
-writeback of the dirty range on Linux and drops the pages once clean, which also keeps a
-multi-GB save from pushing the training data out of the page cache. It is advice: where
-the platform lacks it, nothing changes but the speed.)
+closing fsync only waits for the tail. (``POSIX_FADV_DONTNEED`` on Linux starts
+asynchronous writeback of the dirty range; pages of it that are already clean are dropped
+from the cache, pages still being written stay. It is advice: where the platform lacks it,
+nothing changes but the speed.)
 
 Measured on this 2-core VM, 1 GB-model FSDP(2) DCP saves alternating with raw writes of the
 same bytes in one process (5 repetitions each): a save took 1.05× the raw write (median)
@@ -36,9 +36,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 class WritebackTracker:
     """Counts the bytes written to a sequentially written file; starts writeback every ``every`` bytes."""
 
-    def __init__(self, start: int = 0, every: int = WRITEBACK_EVERY) -> None:
-        self.position = start  # file offset written up to
-        self.handed_over = start  # file offset up to which writeback has been started
+    def __init__(self, every: int = WRITEBACK_EVERY) -> None:
+        self.position = 0  # file offset written up to
+        self.handed_over = 0  # file offset up to which writeback has been started
         self.every = every
 
     def due(self, written: int) -> bool:

@@ -94,7 +94,7 @@ class BackgroundSave:
     """
 
     def __init__(
-        self, job: SaveJob, groups: SaveGroups, on_committed: Any, stage: Callable[[SaveJob], SaveJob] | None = None
+        self, job: SaveJob, groups: SaveGroups, on_committed: Any, stage: Callable[[SaveJob], SaveJob]
     ) -> None:
         self.job, self.groups, self.on_committed, self.stage = job, groups, on_committed, stage
         self.error: BaseException | None = None
@@ -109,9 +109,8 @@ class BackgroundSave:
         started = now()
         try:
             try:
-                if self.stage is not None:
-                    self.job = self.stage(self.job)
-                    self.job.timings["stage"] = round(now() - started, 4)
+                self.job = self.stage(self.job)
+                self.job.timings["stage"] = round(now() - started, 4)
             finally:
                 self.staged.set()  # also on failure: the loop must not wait forever; join reports it
             self.job.run(self.groups)

@@ -49,8 +49,8 @@ class Reporter:
     def first_step(self, step: int) -> None:
         """How long this process took from its start to its first finished step (resume cost)."""
         seconds = seconds_since_process_start()
-        if self.log is not None and seconds is not None:
-            self.log.write({"event": "first_step", "step": step, "seconds_since_process_start": round(seconds, 3)})
+        if seconds is not None:
+            self._event({"event": "first_step", "step": step, "seconds_since_process_start": round(seconds, 3)})
 
     def step(self, step: int, reduced: dict[str, float], state: TrainingState) -> None:
         self.tick()
@@ -69,39 +69,41 @@ class Reporter:
         if self.tracker is not None:
             self.tracker.log(record)
 
-    def checkpoint(self, stats: SaveStats) -> None:
+    def _event(self, record: dict[str, Any]) -> None:
+        """One line of metrics.jsonl (main rank only: others have no log)."""
         if self.log is not None:
-            self.log.write(
-                {
-                    "event": "checkpoint",
-                    "step": stats.step,
-                    "pause_s": round(stats.pause_s, 4),
-                    "async": stats.asynchronous,
-                    "extra_peak_bytes": stats.extra_bytes,
-                    "phases_s": stats.phases,
-                }
-            )
+            self.log.write(record)
+
+    def checkpoint(self, stats: SaveStats) -> None:
+        self._event(
+            {
+                "event": "checkpoint",
+                "step": stats.step,
+                "pause_s": round(stats.pause_s, 4),
+                "async": stats.asynchronous,
+                "extra_peak_bytes": stats.extra_bytes,
+                "phases_s": stats.phases,
+            }
+        )
         how = "staged; writing in the background" if stats.asynchronous else "saved"
         self.say(f"checkpoint {stats.path} {how} (loop paused {stats.pause_s:.2f} s)")
 
     def staging(self, wait: StagingWait) -> None:
         """The loop's wait for a background save's host copy (the rest of that save's pause)."""
-        if self.log is not None:
-            self.log.write(
-                {
-                    "event": "checkpoint_staged",
-                    "step": wait.step,
-                    "wait_s": round(wait.wait_s, 4),
-                    "stage_s": round(wait.stage_s, 4),
-                }
-            )
+        self._event(
+            {
+                "event": "checkpoint_staged",
+                "step": wait.step,
+                "wait_s": round(wait.wait_s, 4),
+                "stage_s": round(wait.stage_s, 4),
+            }
+        )
 
     def committed(self, path: Path, seconds: float, phases: dict[str, float]) -> None:
         """A background save finished (called from its thread)."""
-        if self.log is not None:
-            self.log.write(
-                {"event": "checkpoint_committed", "path": str(path), "write_s": round(seconds, 4), "phases_s": phases}
-            )
+        self._event(
+            {"event": "checkpoint_committed", "path": str(path), "write_s": round(seconds, 4), "phases_s": phases}
+        )
         self.say(f"checkpoint {path} committed ({seconds:.2f} s in the background)")
 
     def close(self) -> None:

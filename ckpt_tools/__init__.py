@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 _LAZY_API = {
     "convert_dcp": "ckpt_tools.convert",
     "inspect_path": "ckpt_tools.inspect",
-    "plan_reshard": "ckpt_tools.plan",
-    "verify_resume": "ckpt_tools.verify",
+    "plan_reshard": "ckpt_tools.resume.plan",
+    "verify_resume": "ckpt_tools.resume.verify",
     "push_to_hub": "ckpt_tools.hub",
 }
 

@@ -8,7 +8,7 @@ The flow is plan → write → (verify) → commit → (delete):
    (``model.safetensors``, ``adapter_model.safetensors`` for PEFT, Hub-style shards with
    ``--max-shard-size``, or a flat optimizer file).
 2. *write*: one temporary sibling per output file, tensor after tensor (see
-   :mod:`ckpt_tools.assemble` and :mod:`ckpt_tools.st_writer`), each fsynced.
+   :mod:`ckpt_tools.dcp.assemble` and :mod:`ckpt_tools.st.writer`), each fsynced.
 3. *verify* (with ``delete_dcp``): re-read every written byte and compare it with the chunks.
 4. *commit*: rename the temporaries into place, the index file last.
 5. *delete* (with ``delete_dcp``): only now remove the DCP directory.
@@ -28,19 +28,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools import casting, peft_keys
-from ckpt_tools import layout as L
-from ckpt_tools.assemble import Copy, tensor_pieces
-from ckpt_tools.dcp import dtypes
-from ckpt_tools.dcp.dtypes import DType
+from ckpt_tools.dcp import casting
+from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout, read_pickled_object
 from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UsageError, WriteError
-from ckpt_tools.fsutil import fsync_dir
-from ckpt_tools.st_header import read_header
-from ckpt_tools.st_writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_size, plan_shards
+from ckpt_tools.format import layout as L
+from ckpt_tools.format import peft_keys
+from ckpt_tools.io.fsutil import fsync_dir
+from ckpt_tools.st import dtypes
+from ckpt_tools.st.dtypes import DType
+from ckpt_tools.st.header import read_header
+from ckpt_tools.st.writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_size, plan_shards
 
 WHAT_CHOICES = ("model", "optimizer")
 OPTIMIZER_OUTPUT_STEM = "optimizer_state_flat"

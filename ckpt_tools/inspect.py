@@ -19,14 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools import layout as L
-from ckpt_tools.dcp import dtypes
 from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.dcp.reader import read_chunk_layout
 from ckpt_tools.errors import CheckpointError, CkptError
-from ckpt_tools.st_header import SafetensorsHeader, read_header
-from ckpt_tools.topology import TrainingStep, read_training_step
+from ckpt_tools.format import layout as L
+from ckpt_tools.format.record import TrainingStep, read_training_step
+from ckpt_tools.st import dtypes
+from ckpt_tools.st.header import SafetensorsHeader, read_header
 
 FAIL, WARN = "fail", "warn"
 
@@ -364,7 +364,7 @@ def _header_check(path: Path, rel: str, report: InspectReport) -> SafetensorsHea
 
 
 def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -> None:
-    from ckpt_tools.safe_read import read_json
+    from ckpt_tools.io.safe_read import read_json
 
     try:
         doc = read_json(path)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.training import TINY, ok, train
+from devtools.training import TINY, ok, train
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.procs import no_torch_env, run_cli
+from devtools.procs import no_torch_env, run_cli
 
 IMPORT_ALL_TOOL_MODULES = """
 import importlib, pkgutil, ckpt_tools

@@ -1,4 +1,4 @@
-"""``ckpt-tools reshard-plan``: parse, call :func:`ckpt_tools.plan.plan_reshard`, print, exit by verdict."""
+"""``ckpt-tools reshard-plan``: parse, call :func:`ckpt_tools.resume.plan.plan_reshard`, print, exit by verdict."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def reshard_plan_command(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    from ckpt_tools.plan import plan_reshard
+    from ckpt_tools.resume.plan import plan_reshard
 
     plan = plan_reshard(
         checkpoint,

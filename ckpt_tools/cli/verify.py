@@ -1,4 +1,4 @@
-"""``ckpt-tools verify-resume``: parse, call :func:`ckpt_tools.verify.verify_resume`, print, exit 0/1."""
+"""``ckpt-tools verify-resume``: parse, call :func:`ckpt_tools.resume.verify.verify_resume`, print, exit 0/1."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def verify_resume_command(
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    from ckpt_tools.verify import verify_resume
+    from ckpt_tools.resume.verify import verify_resume
 
     report = verify_resume(
         checkpoint,

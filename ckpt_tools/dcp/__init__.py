@@ -4,7 +4,7 @@
 - :mod:`~ckpt_tools.dcp.index`: the chunk index and its validation;
 - :mod:`~ckpt_tools.dcp.reader`: one chunk's torch.save archive, headers only;
 - :mod:`~ckpt_tools.dcp.zipblob`: the zip members inside a span of a shard file;
-- :mod:`~ckpt_tools.dcp.dtypes`: torch / safetensors / numpy type names.
+- :mod:`~ckpt_tools.dcp.assemble` / :mod:`~ckpt_tools.dcp.casting`: chunks into a tensor's bytes, cast on the way.
 """
 
 from ckpt_tools.dcp.index import BytesEntry, Chunk, ChunkIndex, Problem, RankShard, TensorEntry

@@ -17,9 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_tools.dcp import dtypes
 from ckpt_tools.dcp.metadata import BytesMeta, DcpMetadata, StorageInfo, TensorMeta, load_metadata
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, UnsafeCheckpoint
+from ckpt_tools.st import dtypes
 
 _RANK_FILE_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 

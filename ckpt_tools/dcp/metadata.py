@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.dcp import dtypes
 from ckpt_tools.dcp.safe_pickle import restricted_loads
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
-from ckpt_tools.safe_read import read_bytes
+from ckpt_tools.io.safe_read import read_bytes
+from ckpt_tools.st import dtypes
 
 # A .metadata file holds a few hundred bytes per chunk: 512 MiB is millions of chunks, far
 # beyond any real model, and caps what a pickle bomb can make us allocate.

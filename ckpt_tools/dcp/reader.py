@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools.dcp import dtypes
-from ckpt_tools.dcp.dtypes import DType
 from ckpt_tools.dcp.safe_pickle import restricted_loads
 from ckpt_tools.dcp.zipblob import SpanReader, read_directory
 from ckpt_tools.errors import CorruptCheckpoint
+from ckpt_tools.st import dtypes
+from ckpt_tools.st.dtypes import DType
 
 _MAX_PICKLE_BYTES = 1 * 2**20  # data.pkl of one tensor is ~150 bytes
 MAX_EXPANDED_BYTES = 64 * 2**20  # an expanded (self-overlapping) view may stand for this much, no more

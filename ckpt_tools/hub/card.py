@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath, PureWindowsPath
 from typing import Any
 
-from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format import layout
+from ckpt_tools.format.record import BatchFactorization, TrainingStep, read_training_step
 from ckpt_tools.hub.files import PublishPlan
-from ckpt_tools.topology import BatchFactorization, TrainingStep, read_training_step
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.format import layout
 
 PUBLISHED_SUFFIXES = (".safetensors", ".json", ".md")
 README = "README.md"

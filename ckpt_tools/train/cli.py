@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ckpt_tools.errors import CkptError, ExitCode, PeerLost, WriteError
-from ckpt_tools.train.distributed import env_rank
+from ckpt_tools.train.parallel.distributed import env_rank
 
 PEER_LOST_GRACE_S = 3.0
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         acknowledged = check_accelerate_env(os.environ)
         cfg, resume_from = parse_train_config(args)
         if resume_from is not None:
-            from ckpt_tools.train.checkpoint import preflight_resume
+            from ckpt_tools.train.checkpoint.manager import preflight_resume
 
             preflight_resume(resume_from)  # a 0.6.x checkpoint is named as such before anything else
         cfg.validate()
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
-    from ckpt_tools.train.distributed import init_distributed, is_transport_failure, teardown
     from ckpt_tools.train.loop import run_training
+    from ckpt_tools.train.parallel.distributed import init_distributed, is_transport_failure, teardown
 
     env = init_distributed(cfg.collective_timeout_s)
     try:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from ckpt_tools.errors import ConfigError, UsageError
-from ckpt_tools.layout import CheckpointFormat
+from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")

@@ -9,23 +9,23 @@ from typing import Any
 
 import torch
 
-from ckpt_tools import layout
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.topology import Topology
-from ckpt_tools.train import peft_support
-from ckpt_tools.train.banner import banner_lines
-from ckpt_tools.train.checkpoint import CheckpointManager, TrainingState
+from ckpt_tools.format import layout
+from ckpt_tools.format.record import Topology
+from ckpt_tools.train.checkpoint.manager import CheckpointManager, TrainingState
 from ckpt_tools.train.config import TrainConfig
-from ckpt_tools.train.dataset import RobotDataset, load_dataset, resolve_root
-from ckpt_tools.train.distributed import DistEnv
-from ckpt_tools.train.metrics import MetricsWindow
-from ckpt_tools.train.parallel import all_reduce_ignored_grads, clip_grad_norm, parallelize
+from ckpt_tools.train.data.dataset import RobotDataset, load_dataset, resolve_root
+from ckpt_tools.train.data.processors import Pipeline, make_processors
+from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.parallel import peft_support
+from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
+from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.base import PreTrainedPolicy
-from ckpt_tools.train.precision import make_scaler, resolve_precision
-from ckpt_tools.train.processors import Pipeline, make_processors
-from ckpt_tools.train.reporting import Reporter
-from ckpt_tools.train.sampler import GlobalOrderSampler
+from ckpt_tools.train.report.banner import banner_lines
+from ckpt_tools.train.report.metrics import MetricsWindow
+from ckpt_tools.train.report.reporting import Reporter
 from ckpt_tools.train.stopping import StopRequest, TrainingStopped
 
 
@@ -272,6 +272,6 @@ class SampleLog:
 def make_tracker(cfg: TrainConfig, env: DistEnv) -> Any:
     if not cfg.trackio.enable or not env.is_main:
         return None
-    from ckpt_tools.train.tracking import TrackioTracker
+    from ckpt_tools.train.report.tracking import TrackioTracker
 
     return TrackioTracker.start(cfg)

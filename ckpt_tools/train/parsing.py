@@ -22,7 +22,7 @@ from typing import Any
 import draccus
 
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -161,7 +161,7 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
             raise ConfigError(
                 "--resume=true needs --config_path=.../checkpoints/last/pretrained_model/train_config.json"
             )
-        from ckpt_tools.train.checkpoint import find_train_config
+        from ckpt_tools.train.checkpoint.manager import find_train_config
 
         train_config, step_dir = find_train_config(config_path)
         base = _read_json(train_config)

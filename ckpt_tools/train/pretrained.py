@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools import layout
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.safe_read import read_json
+from ckpt_tools.format import layout
+from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
-from ckpt_tools.train.processors import Pipeline
 
 
 def resolve_policy_dir(path: str) -> Path:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError, HubError
+from ckpt_tools.format import layout
 from ckpt_tools.train.config import TrainConfig
 
 

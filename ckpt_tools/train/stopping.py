@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ckpt_tools.errors import CkptError
-from ckpt_tools.train.distributed import DistEnv
+from ckpt_tools.train.parallel.distributed import DistEnv
 
 
 class TrainingStopped(CkptError):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import REPO
+from devtools.procs import REPO
 
 WRITER = Path(__file__).with_name("dcp_writer.py")
 _CACHE: dict[str, Path] = {}

@@ -37,7 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from ckpt_tools.topology import SamplerPosition, Topology, TrainingStep, training_step_json
+from ckpt_tools.format.record import SamplerPosition, Topology, TrainingStep, training_step_json
 
 
 class Layer(nn.Module):

@@ -15,11 +15,11 @@ from torch.distributed.tensor import DTensor
 
 def main() -> None:
     from ckpt_tools.train.config import FSDPConfig
-    from ckpt_tools.train.distributed import init_distributed, teardown
-    from ckpt_tools.train.parallel import parallelize
+    from ckpt_tools.train.parallel.distributed import init_distributed, teardown
+    from ckpt_tools.train.parallel.precision import PrecisionPlan
+    from ckpt_tools.train.parallel.wrap import parallelize
     from ckpt_tools.train.policies import make_policy
     from ckpt_tools.train.policies.configs import ACTConfig
-    from ckpt_tools.train.precision import PrecisionPlan
 
     fsdp = FSDPConfig(**json.loads(sys.argv[1]))
     env = init_distributed()

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from ckpt_tools import layout
-from ckpt_tools.topology import SamplerPosition, Topology, TrainingStep, training_step_json
+from ckpt_tools.format import layout
+from ckpt_tools.format.record import SamplerPosition, Topology, TrainingStep, training_step_json
 
 STEP = 5000
 

@@ -22,7 +22,7 @@ def make_policy(config: PolicyConfig) -> PreTrainedPolicy:
 
 def policy_from_pretrained(directory: Path) -> PreTrainedPolicy:
     """Rebuild a policy from ``config.json`` + ``model.safetensors`` (unsharded, fp32)."""
-    from ckpt_tools import layout
+    from ckpt_tools.format import layout
 
     policy = make_policy(load_policy_config(directory))
     load_weights(policy, directory / layout.MODEL_WEIGHTS)

@@ -1,0 +1,26 @@
+"""Every precondition of a resume, as a list of pass / warn / fail checks.
+
+The rule for severities: a check **fails** exactly when the training core's resume would stop
+on it (a start-up refusal or a load error), and **warns** when the resume runs but not as an
+uninterrupted run would have (another data split, another batch, precision changed, a
+disagreeing config). ``verify-resume`` reports these checks; ``reshard-plan`` lists the failed
+ones as what cannot work.
+
+- :mod:`.state`: the files the loader reads - present, complete, covering the model;
+- :mod:`.settings`: the resumed run's settings - topology, precision, PEFT base, data order.
+"""
+
+from __future__ import annotations
+
+from ckpt_tools.resume.checks.model import FAIL, PASS, WARN, Check
+from ckpt_tools.resume.checks.settings import settings_checks
+from ckpt_tools.resume.checks.state import state_checks
+from ckpt_tools.resume.source import ResumeSource
+from ckpt_tools.resume.target import ResumeTarget
+
+__all__ = ["FAIL", "PASS", "WARN", "Check", "resume_checks"]
+
+
+def resume_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+    """All checks, structural ones first (the first failure is usually the one to fix)."""
+    return [*state_checks(source, target), *settings_checks(source, target)]

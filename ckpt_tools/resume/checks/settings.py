@@ -1,0 +1,241 @@
+"""Checks on the resumed run's settings: topology, precision, PEFT base, dataset, data order.
+
+The target comes from :mod:`ckpt_tools.resume.target` (saved config merged with the flags);
+its start-up refusals fail here. Everything the resume survives but that makes it differ from
+an uninterrupted run - another data split, another effective batch, another precision, a
+``train_config.json`` that contradicts ``training_step.json`` - is a warning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ckpt_tools.errors import CkptError
+from ckpt_tools.format import layout as L
+from ckpt_tools.resume.checks.model import Check
+from ckpt_tools.resume.source import ResumeSource
+from ckpt_tools.resume.target import ResumeTarget
+from ckpt_tools.st.header import read_header
+
+DATASET_FRAMES = Path("data") / "frames.safetensors"  # the training core's dataset layout
+DATASET_LENGTH_COLUMN = "observation.state"
+
+
+def settings_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+    if source.record.is_legacy:
+        return []
+    problems = list(target.problems)
+    if target.topology is None and problems:
+        n = target.world_size
+        where = f"{n} process{'es' if n != 1 else ''}"
+        checks = [Check.fail("topology", f"{_saved(source)} → {where}: {problems.pop(0)}")]
+    else:
+        checks = [_topology(source, target)]
+    checks += [Check.fail("start-up", problem) for problem in problems]
+    checks += _config_shape(source)
+    checks.append(_config_vs_record(source))
+    checks.append(_precision(source, target))
+    checks += _pretrained(source)
+    checks.append(_dataset(source))
+    checks.append(_data_order(source, target))
+    checks.append(_effective_batch(source, target))
+    return checks
+
+
+def _saved(source: ResumeSource) -> str:
+    return source.record.topology.describe() if source.record.topology else "unknown topology"
+
+
+def _topology(source: ResumeSource, target: ResumeTarget) -> Check:
+    saved, label = source.record.topology, _saved(source)
+    now = target.topology
+    assert now is not None
+    if saved is not None and (saved.world_size, saved.dp_replicate, saved.dp_shard) == (
+        now.world_size,
+        now.dp_replicate,
+        now.dp_shard,
+    ):
+        change = "same topology"
+    else:
+        change = "model and optimizer state reshard on load"
+    return Check.ok("topology", f"{label} → {now.describe()} ({change})")
+
+
+def _config_shape(source: ResumeSource) -> list[Check]:
+    """A train_config.json the trainer's config decoder refuses stops the resume at start-up."""
+    if source.config is None:
+        return []
+    problems = source.config.shape_problems()
+    if not problems:
+        return []
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    path = source.paths.train_config
+    return [Check.fail("train-config", f"{path.parent.name}/{path.name}: {problems[0]}{more}")]
+
+
+def _config_vs_record(source: ResumeSource) -> Check:
+    """The resume runs with train_config.json's values: say so when training_step.json recorded others."""
+    config, record = source.config, source.record
+    if config is None:
+        return Check.warn("config-vs-record", "no train_config.json to compare with training_step.json")
+    differences = []
+    pairs = [
+        ("batch_size", config.batch_size, record.batch_size),
+        ("grad_accum_steps", config.grad_accum_steps, record.grad_accum_steps),
+        ("mixed_precision", config.mixed_precision, record.mixed_precision),
+    ]
+    if record.sharded:
+        pairs.append(("checkpoint_format", config.checkpoint_format, record.checkpoint_format))
+    for name, configured, recorded in pairs:
+        if configured is not None and recorded is not None and configured != recorded:
+            differences.append(f"{name} {configured} (config) vs {recorded} (record)")
+    topo = record.topology
+    if topo is not None and config.dp_replicate is not None and config.dp_shard is not None:
+        from ckpt_tools.resume.target import resolve_parallelism
+
+        resolved = resolve_parallelism(config.dp_replicate, config.dp_shard, topo.world_size, [])
+        if resolved != (topo.dp_replicate, topo.dp_shard):
+            differences.append(
+                f"parallelism {config.dp_replicate}×{config.dp_shard} (config) vs"
+                f" {topo.dp_replicate}×{topo.dp_shard} on {topo.world_size} processes (record)"
+            )
+    if record.peft is not None and config.peft != record.peft:
+        differences.append(f"peft {config.peft} (config) vs {record.peft} (record)")
+    if differences:
+        return Check.warn(
+            "config-vs-record",
+            "train_config.json disagrees with training_step.json: "
+            + "; ".join(differences)
+            + " - the resume uses train_config.json's values",
+        )
+    return Check.ok("config-vs-record", "train_config.json agrees with training_step.json")
+
+
+def _precision(source: ResumeSource, target: ResumeTarget) -> Check:
+    saved, now = source.record.mixed_precision, target.mixed_precision
+    if saved is not None and now is not None and saved != now:
+        return Check.warn(
+            "precision",
+            f"mixed precision {saved} → {now}: weights and optimizer state are fp32 masters and load as they are,"
+            " but the numerics of the continued run change",
+        )
+    return Check.ok("precision", f"mixed precision {now or saved or 'unknown'} (unchanged)")
+
+
+def _pretrained(source: ResumeSource) -> list[Check]:
+    """``--policy.path`` is loaded again on resume (the PEFT base, or a fine-tune's starting point)."""
+    out = []
+    path = source.config.policy_path if source.config else None
+    name = "peft-base" if source.peft else "pretrained-policy"
+    if path:
+        out.append(_policy_dir(name, path, "train_config.json policy.path", "the resume rebuilds the model from"))
+    elif source.peft:
+        out.append(
+            Check.fail(name, "--peft.* needs --policy.path (the saved base policy the adapter is trained on); none set")
+        )
+    if source.peft:
+        out.append(_adapter_config(source))
+    return out
+
+
+def _policy_dir(name: str, path: str, what: str, role: str) -> Check:
+    directory = Path(path).expanduser()
+    if directory.exists():
+        if (directory / L.PRETRAINED_MODEL_DIR).is_dir():
+            directory = directory / L.PRETRAINED_MODEL_DIR
+        if (directory / L.MODEL_WEIGHTS).exists() or (directory / L.ADAPTER_WEIGHTS).exists():
+            return Check.ok(name, f"{what} {path}: the weights {role}")
+        return Check.fail(name, f"{what} {path}: no {L.MODEL_WEIGHTS} there, the weights {role}")
+    if path.count("/") == 1 and not path.startswith(("/", ".", "~")):
+        return Check.ok(name, f"{what} {path}: a Hub id, resolved through the Hugging Face cache at start-up")
+    return Check.fail(name, f"{what} {path}: no such directory (it holds the weights {role})")
+
+
+def _adapter_config(source: ResumeSource) -> Check:
+    from ckpt_tools.io.safe_read import read_json
+
+    path = source.paths.adapter_config
+    try:
+        base = read_json(path).get("base_model_name_or_path")
+    except FileNotFoundError:
+        return Check.warn("adapter-config", f"{path}: missing - the adapter cannot be loaded with PeftModel")
+    except (OSError, ValueError, AttributeError) as e:
+        return Check.warn("adapter-config", f"{path}: unreadable ({e})")
+    if not base:
+        return Check.warn(
+            "adapter-config",
+            "adapter_config.json records no base_model_name_or_path: --policy.path=<this checkpoint> cannot find"
+            " the base model (the resume itself uses train_config.json's policy.path)",
+        )
+    check = _policy_dir(
+        "adapter-config", str(base), "adapter_config.json base_model_name_or_path", "PeftModel loads the adapter onto"
+    )
+    # The resume itself does not read it (train_config.json's policy.path does that job): a warning.
+    return Check.warn(check.name, check.message) if check.status == "fail" else check
+
+
+def _dataset(source: ResumeSource) -> Check:
+    config = source.config
+    root = config.dataset_root if config else None
+    recorded = source.record.sampler.dataset_size if source.record.sampler else None
+    if not root:
+        repo = config.dataset_repo_id if config else None
+        where = f"--dataset.repo_id={repo}" if repo else "no dataset recorded"
+        return Check.ok("dataset", f"{where}: resolved through the Hugging Face cache at start-up (not checked here)")
+    frames = Path(root).expanduser() / DATASET_FRAMES
+    if not Path(root).expanduser().is_dir():
+        return Check.fail("dataset", f"--dataset.root={root}: no such directory - the resume cannot load its data")
+    try:
+        header = read_header(frames)
+    except CkptError as e:
+        return Check.fail("dataset", f"--dataset.root={root}: {e}")
+    column = header.entries.get(DATASET_LENGTH_COLUMN)
+    size = column.shape[0] if column is not None and column.shape else None
+    if recorded is not None and size is not None and size != recorded:
+        return Check.warn(
+            "dataset",
+            f"--dataset.root={root} has {size} samples, the checkpoint's sampler {recorded}:"
+            " the saved position points into a different sample order",
+        )
+    return Check.ok("dataset", f"--dataset.root={root} ({size if size is not None else '?'} samples)")
+
+
+def _data_order(source: ResumeSource, target: ResumeTarget) -> Check:
+    record = source.record
+    position = ""
+    if record.sampler is not None:
+        position = f"; the sampler resumes at epoch {record.sampler.epoch}, offset {record.sampler.offset}"
+    now_world = target.topology.dp_world_size if target.topology else target.world_size
+    if record.dp_world_size is None or record.batch_size is None or target.batch_size is None:
+        return Check.warn("data-order", f"unknown: the record or the target lacks dp_world_size / batch_size{position}")
+    same = record.dp_world_size == now_world and record.batch_size == target.batch_size
+    if same:
+        return Check.ok(
+            "data-order",
+            f"sample-exact: same dp_world_size {now_world} and batch_size {target.batch_size}{position}",
+        )
+    return Check.warn(
+        "data-order",
+        f"not sample-exact: dp_world_size {record.dp_world_size} → {now_world}, batch_size {record.batch_size} →"
+        f" {target.batch_size}; the same global order is re-split, no sample of the epoch is skipped or"
+        f" repeated{position}",
+    )
+
+
+def _effective_batch(source: ResumeSource, target: ResumeTarget) -> Check:
+    before = source.record.batch
+    world = target.topology.dp_world_size if target.topology else target.world_size
+    if before is None or target.batch_size is None or target.grad_accum_steps is None:
+        return Check.warn("effective-batch", "unknown: the record or the target lacks batch_size / grad_accum")
+    after = target.batch_size * world * target.grad_accum_steps
+    if after == before.effective_batch_size:
+        return Check.ok("effective-batch", f"effective batch {after} (unchanged)")
+    lr = source.config.lr if source.config else None
+    hint = ""
+    if lr is not None:
+        hint = f"; linear scaling suggests --optimizer.lr={lr * after / before.effective_batch_size:.3g} (not applied)"
+    return Check.warn(
+        "effective-batch",
+        f"effective batch {before.effective_batch_size} → {after}"
+        f" ({target.batch_size} × {world} × {target.grad_accum_steps}){hint}",
+    )

@@ -1,0 +1,246 @@
+"""Checks on the files a resume reads: present, complete, and covering the model.
+
+Each check follows one step of ``CheckpointManager.load`` (ckpt_tools/train/checkpoint.py): the
+0.6.x refusal and ``samples_seen`` (``check_resumable``), the weights and optimizer inputs it
+picks, the scheduler state it always reads, the RNG states it reads only when the world size
+is unchanged, and the loss-scaler state an fp16 run needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ckpt_tools.errors import CkptError
+from ckpt_tools.format.peft_keys import saved_adapter_key
+from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.resume.checks.model import Check
+from ckpt_tools.resume.source import Container, ResumeSource, TensorSpec
+from ckpt_tools.resume.target import ResumeTarget
+from ckpt_tools.st.header import read_header
+
+ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
+
+
+def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+    record, paths = source.record, source.paths
+    reason = unresumable_reason(paths, record)
+    if reason is not None:
+        return [Check.fail("layout", reason)]
+    checks = [
+        Check.ok("layout", f"resumable layout, saved on {record.topology.describe() if record.topology else '?'}"),
+        Check.ok("training-step", f"step {record.step}, {record.samples_seen} samples seen"),
+    ]
+    if source.config is None:
+        checks.append(Check.fail("train-config", source.config_error or f"{paths.train_config}: missing"))
+    else:
+        checks.append(Check.ok("train-config", f"{_rel(source, paths.train_config)} (the resume starts from it)"))
+    checks += _weights(source, target)
+    checks += _optimizer(source)
+    checks.append(_json_file("scheduler", paths.scheduler_state, "LR scheduler state, always restored"))
+    checks.append(_rng(source, target))
+    checks.append(_scaler(source, target))
+    return checks
+
+
+# ---------------------------------------------------------------------- weights
+
+
+def _weights(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+    paths = source.paths
+    if source.weights is None:
+        return [Check.fail("weights", source.weights_error or "no weights")]
+    weights = source.weights
+    where = _rel(source, weights.path)
+    if weights.problems:
+        return [Check.fail("weights", f"{where}: {_first(weights.problems)}")]
+    n = target.world_size
+    onto = target.topology.describe() if target.topology else f"{n} process{'es' if n != 1 else ''}"
+    if weights.index is not None:
+        files = len({c.file for e in weights.index.tensors.values() for c in e.chunks})
+        out = [
+            Check.ok(
+                "weights",
+                f"{where} (DCP: {len(weights.index.tensors)} tensors in {files} shard files) reshards onto {onto}",
+            )
+        ]
+    else:
+        out = [
+            Check.ok("weights", f"{where} ({len(source.params)} tensors, read whole by every rank) loads onto {onto}")
+        ]
+        if paths.model_dcp.is_dir():
+            out.append(
+                Check.warn(
+                    "weights-dcp",
+                    f"{_rel(source, paths.model_dcp)}/ has no .metadata (a save that did not complete):"
+                    f" the resume ignores it and loads {weights.path.name}",
+                )
+            )
+    out.append(_weights_coverage(source))
+    return out
+
+
+def _weights_coverage(source: ResumeSource) -> Check:
+    """DCP weights are loaded strictly: every key of the model must be there, at its shape."""
+    paths = source.paths
+    gathered = paths.adapter_weights if source.peft else paths.model_weights
+    if source.weights is None or source.weights.index is None or not gathered.exists():
+        return Check.ok("weights-coverage", f"{len(source.params)} tensors; no second copy to compare with")
+    try:
+        header = read_header(gathered)
+    except CkptError as e:
+        return Check.warn("weights-coverage", f"cannot compare with {gathered.name}: {e}")
+    dcp = {saved_adapter_key(k) if source.peft else k: v for k, v in source.params.items()}
+    missing = sorted(k for k in header.entries if k not in dcp)
+    if missing:
+        return Check.fail(
+            "weights-coverage",
+            f"{_rel(source, source.weights.path)} misses {len(missing)} of the {len(header.entries)} tensors of"
+            f" {gathered.name} (e.g. {missing[0]}): the strict DCP load will fail",
+        )
+    wrong = [k for k, e in header.entries.items() if dcp[k].shape != e.shape]
+    if wrong:
+        k = wrong[0]
+        return Check.fail(
+            "weights-coverage",
+            f"{k}: {list(dcp[k].shape)} in the DCP shards, {list(header.entries[k].shape)} in {gathered.name}",
+        )
+    return Check.ok("weights-coverage", f"DCP shards hold every tensor of {gathered.name} at its shape")
+
+
+# ---------------------------------------------------------------------- optimizer
+
+
+def _optimizer(source: ResumeSource) -> list[Check]:
+    if source.optimizer is None:
+        return [Check.fail("optimizer", source.optimizer_error or "no optimizer state")]
+    optimizer = source.optimizer
+    where = _rel(source, optimizer.path)
+    if optimizer.problems:
+        return [Check.fail("optimizer", f"{where}: {_first(optimizer.problems)}")]
+    kind = "DCP" if optimizer.index is not None else "safetensors + param groups JSON"
+    out = [Check.ok("optimizer", f"{where} ({kind}: state of {len(source.optimizer_state)} parameters)")]
+    if optimizer.header is not None:
+        groups = _flat_groups(source, optimizer)
+        if groups is not None:
+            out.append(groups)
+            return out
+    out.append(_optimizer_coverage(source))
+    return out
+
+
+def _flat_groups(source: ResumeSource, optimizer: Container) -> Check | None:
+    """``optimizer_param_groups.json`` names every parameter that has state (the loader splits keys by it)."""
+    path = source.paths.optimizer_param_groups
+    try:
+        groups = read_json(path)["param_groups"]
+        names = {n for g in groups for n in g["params"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return Check.fail("optimizer-coverage", f"{_rel(source, path)}: not a valid param-groups file")
+    unknown = sorted(n for n in source.optimizer_state if n not in names)
+    if unknown:
+        key = next(iter(source.optimizer_state[unknown[0]].values())).key
+        return Check.fail(
+            "optimizer-coverage",
+            f"{_rel(source, optimizer.path)} holds {key!r}, state of a parameter {path.name} does not list",
+        )
+    return None
+
+
+def _optimizer_coverage(source: ResumeSource) -> Check:
+    """Every trainable parameter has Adam state at its shape (the DCP load is strict)."""
+    if source.weights is None:
+        return Check.warn("optimizer-coverage", "not checked: no weights to compare with")
+    by_param = {}
+    for name, slots in source.optimizer_state.items():
+        param = source.param_of(name)
+        if param is not None:
+            by_param[param.name] = slots
+    missing = sorted(p for p in source.trainable if p not in by_param)
+    if missing:
+        return Check.fail(
+            "optimizer-coverage",
+            f"no optimizer state for {len(missing)} of {len(source.trainable)} trainable parameters"
+            f" (e.g. {missing[0]}): the strict load will fail",
+        )
+    for name, slots in sorted(by_param.items()):
+        bad = _slot_problem(source.params[name], slots)
+        if bad:
+            return Check.fail("optimizer-coverage", f"{name}: {bad}")
+    return Check.ok("optimizer-coverage", f"Adam state for all {len(source.trainable)} trainable parameters")
+
+
+def _slot_problem(param: TensorSpec, slots: dict[str, TensorSpec]) -> str | None:
+    absent = [s for s in ADAM_SLOTS if s not in slots]
+    if absent:
+        return f"optimizer state lacks {', '.join(absent)}"
+    for slot in ("exp_avg", "exp_avg_sq"):
+        if slots[slot].shape != param.shape:
+            return f"{slot} is {list(slots[slot].shape)}, the parameter {list(param.shape)}"
+    return None
+
+
+# ---------------------------------------------------------------------- sidecars
+
+
+def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
+    saved = source.record.topology.world_size if source.record.topology else None
+    path = source.paths.rng_state
+    if saved != target.world_size:
+        return Check.ok(
+            "rng-state",
+            f"not read: world size {saved} → {target.world_size}, generators reseed from (seed, step, rank)",
+        )
+    if not path.exists():
+        return Check.fail(
+            "rng-state",
+            f"{_rel(source, path)}: missing - an unchanged world size ({saved}) restores every rank's generator from it",
+        )
+    try:
+        header = read_header(path)
+    except CkptError as e:
+        return Check.fail("rng-state", str(e))
+    if header.problems:
+        return Check.fail("rng-state", _first(list(header.problems)))
+    absent = [r for r in range(target.world_size) if f"rank{r}.torch" not in header.entries]
+    if absent:
+        return Check.fail("rng-state", f"{_rel(source, path)}: no generator state for rank {absent[0]}")
+    return Check.ok("rng-state", f"generator state of all {target.world_size} ranks (restored: same world size)")
+
+
+def _scaler(source: ResumeSource, target: ResumeTarget) -> Check:
+    path = source.paths.scaler_state
+    if target.mixed_precision != "fp16":
+        return Check.ok("scaler", f"not needed (mixed precision {target.mixed_precision or 'no'})")
+    if not path.exists():
+        saved = source.record.mixed_precision
+        why = "" if saved == "fp16" else f" (the checkpoint was saved with mixed precision {saved})"
+        return Check.fail(
+            "scaler",
+            f"{_rel(source, path)}: missing; mixed precision fp16 needs the saved loss-scaler state{why}",
+        )
+    return _json_file("scaler", path, "fp16 loss-scaler state")
+
+
+def _json_file(name: str, path: Path, what: str) -> Check:
+    try:
+        state = read_json(path)
+    except FileNotFoundError:
+        return Check.fail(name, f"{path}: missing ({what})")
+    except (OSError, ValueError) as e:
+        return Check.fail(name, f"{path}: unreadable ({e})")
+    if not isinstance(state, dict):  # the loader hands it to load_state_dict
+        return Check.fail(name, f"{path}: a JSON {type(state).__name__}, not the state object it must hold")
+    return Check.ok(name, f"{path.parent.name}/{path.name} ({what})")
+
+
+def _first(problems: list[str]) -> str:
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    return problems[0] + more
+
+
+def _rel(source: ResumeSource, path: Path) -> str:
+    try:
+        return str(path.relative_to(source.paths.root))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,89 @@
+"""Where a tensor's elements live on each rank of a DDP / FSDP2 / HSDP topology - without torch.
+
+FSDP2 (``fully_shard``) turns every managed parameter into a DTensor with ``Shard(0)`` on the
+``dp_shard`` mesh dimension (HSDP adds ``Replicate()`` on ``dp_replicate``). Its local piece is
+what ``torch.chunk(param, S, dim=0)`` gives, padded with empty pieces: a chunk size of
+``ceil(dim0 / S)``, a shorter tail, and empty trailing shards when ``dim0`` is small. DTensor
+reports an empty shard at offset ``dim0``, which matters: it is why an empty shard overlaps no
+saved chunk and reads nothing on resume. The HSDP mesh is ``(dp_replicate, dp_shard)`` in
+row-major order, so rank ``r`` sits at ``(r // S, r % S)``.
+
+Optimizer state follows its parameter (``exp_avg`` is created ``zeros_like(param)``); 0-d
+tensors such as Adam's ``step`` are plain tensors, whole on every rank. Without sharding
+(single process, DDP) every rank holds everything.
+
+This mirrors ``torch.distributed.tensor.placement_types.Shard.local_shard_size_and_offset``
+(torch 2.13); the reshard-plan tests hold it against what the training core really holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_tools.format.record import Topology
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes), DCP's ChunkStorageMetadata
+
+
+def dim0_shard(dim0: int, num_shards: int, index: int) -> tuple[int, int]:
+    """(offset, rows) of shard ``index`` of ``num_shards`` along a dimension of ``dim0`` rows."""
+    if num_shards <= 0 or not 0 <= index < num_shards:
+        raise ValueError(f"shard {index} of {num_shards}")
+    if dim0 % num_shards == 0:
+        rows = dim0 // num_shards
+        return rows * index, rows
+    chunk = -(-dim0 // num_shards)  # ceil, as torch.chunk
+    start = chunk * index
+    end = min(dim0, start + chunk)
+    return min(dim0, start), max(0, end - start)
+
+
+@dataclass(frozen=True)
+class RankCoordinate:
+    """A rank's place in the data-parallel mesh."""
+
+    rank: int
+    replica: int  # index along dp_replicate
+    shard: int  # index along dp_shard
+    node: int | None = None  # which node, when the number of nodes is known
+
+
+def coordinates(topology: Topology) -> list[RankCoordinate]:
+    """Every rank's (replica, shard) coordinate, and its node when ``nnodes`` divides the world.
+
+    torchrun numbers ranks node by node, so node ``k`` holds ranks ``k·L … (k+1)·L - 1`` with
+    ``L = world_size / nnodes`` processes per node.
+    """
+    s = topology.dp_shard
+    per_node = None
+    if topology.nnodes and topology.world_size % topology.nnodes == 0:
+        per_node = topology.world_size // topology.nnodes
+    return [
+        RankCoordinate(r, r // s, r % s, None if per_node is None else r // per_node)
+        for r in range(topology.world_size)
+    ]
+
+
+def local_box(shape: tuple[int, ...], topology: Topology, rank: int, *, sharded: bool) -> Box:
+    """The box of ``shape`` that ``rank`` holds; ``sharded`` says whether FSDP manages the tensor."""
+    offsets = [0] * len(shape)
+    sizes = list(shape)
+    if sharded and shape and topology.layout.sharded:
+        offsets[0], sizes[0] = dim0_shard(shape[0], topology.dp_shard, rank % topology.dp_shard)
+    return tuple(offsets), tuple(sizes)
+
+
+def box_numel(box: Box) -> int:
+    n = 1
+    for s in box[1]:
+        n *= s
+    return n
+
+
+def boxes_overlap(a: Box, b: Box) -> bool:
+    """DCP's overlap test (``_check_shard_metadata_pair_overlap``): 0-d boxes always overlap.
+
+    Note the test is on offsets, not volume: an empty box inside another one counts as
+    overlapping, which is why the DTensor offset of an empty shard (``dim0``) matters.
+    """
+    return all(ao < bo + bsz and bo < ao + asz for ao, asz, bo, bsz in zip(a[0], a[1], b[0], b[1], strict=True))

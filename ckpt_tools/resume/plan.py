@@ -1,0 +1,435 @@
+"""``plan_reshard``: what resuming a checkpoint on another topology will do, before it runs.
+
+From ``training_step.json``, ``train_config.json``, DCP ``.metadata`` and safetensors headers -
+never tensor data - it predicts, for every rank of the target topology:
+
+- the bytes it reads from each file: for DCP inputs, exactly the spans torch's loader requests
+  (:mod:`ckpt_tools.resume.reads`); safetensors and JSON inputs are read whole by every rank;
+- the bytes it then holds for parameters, gradients and optimizer state, under FSDP2's
+  placement rule (:mod:`ckpt_tools.resume.placement`);
+
+plus the batch factorization before and after, whether the data order stays sample-exact,
+where the sampler resumes, a linear-scaling suggestion for the learning rate and steps (never
+applied), and what cannot work and why (the failed checks of :mod:`ckpt_tools.resume.checks`).
+The resume audit the training core writes (``resume_audit/rank<R>.json``) is the measured side
+of the same numbers; the tests hold one against the other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools.format.record import BatchFactorization, Topology
+from ckpt_tools.resume.checks import FAIL, WARN, resume_checks
+from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
+from ckpt_tools.resume.reads import ChunkLookup
+from ckpt_tools.resume.source import (
+    ResumeSource,
+    TensorSpec,
+    ignored_matcher,
+    is_ignored,
+    load_source,
+    resolve_step_dir,
+)
+from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
+
+DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class FileRead:
+    path: str  # relative to the step dir; absolute for files outside it (a PEFT base model)
+    bytes: int
+    requests: int
+    how: str  # dcp-chunks: spans requested through DCP's FileSystemReader; whole-file: read entirely
+    role: str  # weights | optimizer | state | base
+
+
+@dataclass(frozen=True)
+class Resident:
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    replica: int  # coordinate on dp_replicate
+    shard: int  # coordinate on dp_shard
+    node: int | None
+    reads: tuple[FileRead, ...]
+    resident: Resident
+    resident_complete: bool = True  # False: a PEFT base whose shapes could not be read
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(r.bytes for r in self.reads)
+
+    def dcp_reads(self) -> dict[str, int]:
+        """Bytes per DCP shard file: what ``resume_audit/rank<R>.json`` records under ``read``."""
+        return {r.path: r.bytes for r in self.reads if r.how == DCP_CHUNKS}
+
+    def role_bytes(self, role: str) -> int:
+        return sum(r.bytes for r in self.reads if r.role == role)
+
+
+@dataclass(frozen=True)
+class TopologyInfo:
+    world_size: int
+    dp_replicate: int
+    dp_shard: int
+    layout: str
+    nnodes: int | None
+    description: str
+
+    @classmethod
+    def of(cls, t: Topology) -> TopologyInfo:
+        return cls(t.world_size, t.dp_replicate, t.dp_shard, t.layout.value, t.nnodes, t.describe())
+
+
+@dataclass(frozen=True)
+class DataOrder:
+    sample_exact: bool
+    samples_seen: int | None
+    epoch: int | None
+    offset: int | None
+    dataset_size: int | None
+    seed: int | None
+    explanation: str
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """Linear scaling: keep lr / effective batch and the remaining samples. Never applied."""
+
+    lr_before: float | None
+    lr_after: float | None
+    steps_before: int | None
+    steps_after: int | None
+    remaining_samples: int | None
+    explanation: str
+
+
+@dataclass
+class ReshardPlan:
+    checkpoint: str
+    step: int
+    source: TopologyInfo | None
+    target: TopologyInfo | None
+    target_world_size: int
+    weights: str | None  # which input the resume loads weights from
+    optimizer: str | None
+    ranks: list[RankPlan] = field(default_factory=list)
+    batch_before: BatchFactorization | None = None
+    batch_after: BatchFactorization | None = None
+    data: DataOrder | None = None
+    suggestion: Suggestion | None = None
+    blockers: list[str] = field(default_factory=list)  # what cannot work, and why
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def workable(self) -> bool:
+        return not self.blockers
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["workable"] = self.workable
+        for rank, plan in zip(out["ranks"], self.ranks, strict=True):
+            rank["read_bytes"] = plan.read_bytes
+            rank["resident"]["total"] = plan.resident.total
+        for key in ("batch_before", "batch_after"):
+            info = getattr(self, key)
+            if info is not None:
+                out[key]["effective_batch_size"] = info.effective_batch_size
+                out[key]["samples_per_step"] = info.samples_per_step
+        return out
+
+
+# ====================================================================== entry point
+
+
+def plan_reshard(
+    checkpoint: str | os.PathLike[str],
+    *,
+    nproc: int,
+    dp_replicate: int | None = None,
+    dp_shard: int | None = None,
+    batch_size: int | None = None,
+    grad_accum: int | None = None,
+    nnodes: int | None = None,
+    mixed_precision: str | None = None,
+    checkpoint_format: str | None = None,
+) -> ReshardPlan:
+    """Plan a resume of ``checkpoint`` on ``nproc`` processes; flags left None keep the saved config.
+
+    Raises :class:`~ckpt_tools.errors.UsageError` for flag values that can never work and
+    :class:`~ckpt_tools.errors.CheckpointError` when the path is not a checkpoint or its
+    ``training_step.json`` is unreadable; everything else that stands in the way of the resume
+    is listed in ``blockers``.
+    """
+    request = TargetRequest(
+        nproc=nproc,
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        mixed_precision=mixed_precision,
+        checkpoint_format=checkpoint_format,
+        nnodes=nnodes,
+    )
+    request.check()
+    paths = resolve_step_dir(checkpoint)
+    source = load_source(paths)
+    target = resolve_target(source.config, source.record, request)
+    return build_plan(source, target)
+
+
+def build_plan(source: ResumeSource, target: ResumeTarget) -> ReshardPlan:
+    record = source.record
+    plan = ReshardPlan(
+        checkpoint=str(source.paths.root),
+        step=record.step,
+        source=TopologyInfo.of(record.topology) if record.topology else None,
+        target=TopologyInfo.of(target.topology) if target.topology else None,
+        target_world_size=target.world_size,
+        weights=_describe(source, source.weights.path if source.weights else None),
+        optimizer=_describe(source, source.optimizer.path if source.optimizer else None),
+        notes=list(source.notes),
+    )
+    for check in resume_checks(source, target):
+        if check.status == FAIL:
+            plan.blockers.append(f"{check.name}: {check.message}")
+        elif check.status == WARN:
+            plan.warnings.append(f"{check.name}: {check.message}")
+    plan.batch_before = _batch(record.batch_size, record.dp_world_size, record.grad_accum_steps)
+    # Every process is a data-parallel worker: dp_world_size is the world size, whatever R and S.
+    plan.batch_after = _batch(target.batch_size, target.world_size, target.grad_accum_steps)
+    if target.topology is not None:
+        plan.ranks = rank_plans(source, target.topology, target)
+        plan.notes += _node_notes(target.topology)
+    plan.data = _data_order(source, plan.batch_before, plan.batch_after)
+    plan.suggestion = _suggest(source, plan.batch_before, plan.batch_after)
+    return plan
+
+
+def _describe(source: ResumeSource, path: Path | None) -> str | None:
+    if path is None:
+        return None
+    rel = str(path.relative_to(source.paths.root)) if path.is_relative_to(source.paths.root) else str(path)
+    return f"{rel} ({'DCP shards' if path.is_dir() else 'safetensors'})"
+
+
+def _batch(batch: int | None, world: int | None, accum: int | None) -> BatchFactorization | None:
+    if batch is None or world is None or accum is None:
+        return None
+    return BatchFactorization(batch, world, accum)
+
+
+# ====================================================================== per rank
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Which tensors FSDP shards on the target (all parameters but ``ignored_modules``) and the boxes."""
+
+    topology: Topology
+    sharded: dict[str, bool]  # parameter name -> managed (sharded) by fully_shard
+    frozen_sharded: dict[str, bool]
+
+    @classmethod
+    def of(cls, source: ResumeSource, topology: Topology) -> _Placement:
+        matcher = ignored_matcher(source.config.ignored_modules if source.config else None)
+        return cls(
+            topology,
+            {name: not is_ignored(name, matcher) for name in source.params},
+            {name: not is_ignored(name, matcher, PEFT_PREFIX) for name in source.frozen},
+        )
+
+    def param(self, spec: TensorSpec, rank: int, *, frozen: bool = False) -> Box:
+        sharded = (self.frozen_sharded if frozen else self.sharded).get(spec.name, True)
+        return local_box(spec.shape, self.topology, rank, sharded=sharded)
+
+    def slot(self, param: TensorSpec | None, spec: TensorSpec, rank: int) -> Box:
+        """Optimizer state is created ``zeros_like(param)``: sharded like it; 0-d ``step`` is whole."""
+        follows = (
+            param is not None and self.sharded.get(param.name, True) and spec.shape == param.shape and spec.shape != ()
+        )
+        return local_box(spec.shape, self.topology, rank, sharded=follows)
+
+    def nbytes(self, box: Box, spec: TensorSpec) -> int:
+        return box_numel(box) * spec.itemsize
+
+
+def rank_plans(source: ResumeSource, topology: Topology, target: ResumeTarget) -> list[RankPlan]:
+    """Reads and resident bytes of every rank of ``topology``."""
+    place = _Placement.of(source, topology)
+    weights = ChunkLookup(source.weights.index) if source.weights and source.weights.index else None
+    optimizer = ChunkLookup(source.optimizer.index) if source.optimizer and source.optimizer.index else None
+    whole = _whole_file_reads(source, target)
+    out = []
+    for coord in coordinates(topology):
+        rank = coord.rank
+        reads: list[FileRead] = []
+        if weights is not None:
+            wanted = [(spec.key, place.param(spec, rank)) for spec in source.params.values()]
+            reads += _dcp_reads(source, weights, wanted, "weights")
+        if optimizer is not None:
+            wanted = [
+                (spec.key, place.slot(source.param_of(name), spec, rank))
+                for name, slots in source.optimizer_state.items()
+                for spec in slots.values()
+            ]
+            reads += _dcp_reads(source, optimizer, wanted, "optimizer")
+        out.append(
+            RankPlan(
+                rank=rank,
+                replica=coord.replica,
+                shard=coord.shard,
+                node=coord.node,
+                reads=(*reads, *whole),
+                resident=_resident(source, place, rank),
+                resident_complete=not (source.peft and not source.frozen),
+            )
+        )
+    return out
+
+
+def _dcp_reads(source: ResumeSource, lookup: ChunkLookup, wanted: list[tuple[str, Box]], role: str) -> list[FileRead]:
+    counter = lookup.count([(key, box) for key, box in wanted if key in lookup.index.tensors], byte_items=True)
+    prefix = lookup.index.root.relative_to(source.paths.root)
+    return [
+        FileRead(str(prefix / file), counter.bytes[file], counter.requests[file], DCP_CHUNKS, role)
+        for file in sorted(counter.bytes)
+    ]
+
+
+def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRead]:
+    """Files every rank reads entirely: flat weights / optimizer, the base model, sidecar state."""
+    paths, files = source.paths, []
+    if source.weights is not None and source.weights.header is not None:
+        files.append((source.weights.path, "weights"))
+    if source.optimizer is not None and source.optimizer.header is not None:
+        files += [(source.optimizer.path, "optimizer"), (paths.optimizer_param_groups, "optimizer")]
+    if source.base_weights is not None:
+        files.append((source.base_weights, "base"))
+    files += [(paths.train_config, "state"), (paths.training_step, "state"), (paths.scheduler_state, "state")]
+    saved_world = source.record.topology.world_size if source.record.topology else None
+    if saved_world == target.world_size:
+        files.append((paths.rng_state, "state"))
+    if target.mixed_precision == "fp16":
+        files.append((paths.scaler_state, "state"))
+    out = []
+    for path, role in files:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue  # missing: a blocker says so
+        rel = str(path.relative_to(paths.root)) if path.is_relative_to(paths.root) else str(path)
+        out.append(FileRead(rel, size, 1, WHOLE_FILE, role))
+    return out
+
+
+def _resident(source: ResumeSource, place: _Placement, rank: int) -> Resident:
+    """Local bytes after the load: every parameter (PEFT: the frozen base too), the trainable ones'
+    gradients, and the optimizer state of parameters the model has."""
+    params = sum(place.nbytes(place.param(s, rank), s) for s in source.params.values())
+    params += sum(place.nbytes(place.param(s, rank, frozen=True), s) for s in source.frozen.values())
+    grads = sum(place.nbytes(place.param(source.params[n], rank), source.params[n]) for n in source.trainable)
+    optimizer = 0
+    for name, slots in source.optimizer_state.items():
+        param = source.param_of(name)
+        if param is not None:
+            optimizer += sum(place.nbytes(place.slot(param, spec, rank), spec) for spec in slots.values())
+    return Resident(params, grads, optimizer)
+
+
+def _node_notes(topology: Topology) -> list[str]:
+    if not topology.nnodes or topology.nnodes == 1 or not topology.layout.sharded:
+        return []
+    per_node = topology.world_size // topology.nnodes
+    if per_node % topology.dp_shard == 0:
+        return [f"each dp_shard group ({topology.dp_shard} ranks) stays inside one node of {per_node} processes"]
+    return [
+        f"dp_shard groups of {topology.dp_shard} ranks span nodes of {per_node} processes: every all-gather and"
+        " reduce-scatter crosses the network (HSDP with dp_shard dividing the processes per node keeps them local)"
+    ]
+
+
+# ====================================================================== data order and scaling
+
+
+def _data_order(source: ResumeSource, before: BatchFactorization | None, after: BatchFactorization | None) -> DataOrder:
+    record = source.record
+    sampler = record.sampler
+    exact = (
+        before is not None
+        and after is not None
+        and (before.dp_world_size, before.batch_size) == (after.dp_world_size, after.batch_size)
+    )
+    where = ""
+    if sampler is not None:
+        where = f"the sampler resumes at epoch {sampler.epoch}, offset {sampler.offset}"
+        if sampler.dataset_size:
+            where += f" of {sampler.dataset_size}"
+        where += f" (samples_seen {record.samples_seen}, seed {sampler.seed})"
+    if exact:
+        why = "sample-exact: same dp_world_size and batch_size, so every rank sees what it would have"
+    elif before is None or after is None:
+        why = "unknown: the record or the target lacks batch_size / dp_world_size"
+    else:
+        why = (
+            f"not sample-exact: {before.dp_world_size}×{before.batch_size} → {after.dp_world_size}×{after.batch_size}"
+            " (dp_world_size×batch_size); the same global order is re-split, nothing skipped or repeated"
+        )
+    return DataOrder(
+        sample_exact=exact,
+        samples_seen=record.samples_seen,
+        epoch=sampler.epoch if sampler else None,
+        offset=sampler.offset if sampler else None,
+        dataset_size=sampler.dataset_size if sampler else None,
+        seed=sampler.seed if sampler else None,
+        explanation=f"{why}; {where}" if where else why,
+    )
+
+
+def _suggest(
+    source: ResumeSource, before: BatchFactorization | None, after: BatchFactorization | None
+) -> Suggestion | None:
+    if before is None or after is None:
+        return None
+    lr = source.config.lr if source.config else None
+    steps = source.config.steps if source.config else None
+    ratio = after.effective_batch_size / before.effective_batch_size
+    remaining = None
+    steps_after = steps
+    if steps is not None:
+        remaining = max(0, steps - source.record.step) * before.samples_per_step
+        steps_after = source.record.step + -(-remaining // after.samples_per_step)
+    lr_after = lr * ratio if lr is not None else None
+    if ratio == 1 and steps_after == steps:
+        text = "nothing to adjust: the effective batch and the samples per step are unchanged"
+    else:
+        parts = []
+        if lr is not None and ratio != 1:
+            parts.append(
+                f"--optimizer.lr={lr_after:.3g} (lr × {after.effective_batch_size}/{before.effective_batch_size})"
+            )
+        if steps is not None and steps_after != steps:
+            parts.append(
+                f"--steps={steps_after} (the same {remaining} remaining samples at {after.samples_per_step}/step)"
+            )
+        text = "linear scaling suggests " + " and ".join(parts) + "; never applied automatically" if parts else ""
+    return Suggestion(lr, lr_after, steps, steps_after, remaining, text)
+
+
+__all__ = ["DataOrder", "FileRead", "RankPlan", "ReshardPlan", "Resident", "Suggestion", "plan_reshard"]

@@ -1,0 +1,323 @@
+"""What a checkpoint offers a resume, decided the way the training core's loader decides it.
+
+``CheckpointManager.load`` (ckpt_tools/train/checkpoint.py) picks its inputs by what exists:
+
+- weights: ``pytorch_model_fsdp_0/`` when its ``.metadata`` exists (DCP reshards onto any
+  topology, sharded or not), otherwise ``model.safetensors`` (``adapter_model.safetensors`` for
+  a PEFT run); neither is an error;
+- optimizer: ``optimizer_0/`` when its ``.metadata`` exists, otherwise
+  ``optimizer_state.safetensors`` + ``optimizer_param_groups.json``;
+- a sharded run with neither optimizer form is the 0.6.x layout and is refused.
+
+:func:`load_source` makes the same choice from the same files, then describes the state the
+resumed model will hold - every parameter (shape, dtype, trainable or frozen) and every
+optimizer tensor - from metadata and headers only. The plan and the verifier both start here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools.dcp.files import ShardFiles
+from ckpt_tools.dcp.index import ChunkIndex
+from ckpt_tools.dcp.reader import read_chunk_layout, read_pickled_object
+from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.format import layout as L
+from ckpt_tools.format.peft_keys import saved_adapter_key
+from ckpt_tools.format.record import TrainingStep, read_training_step
+from ckpt_tools.format.train_config import SavedConfig, read_saved_config
+from ckpt_tools.st import dtypes
+from ckpt_tools.st.header import SafetensorsHeader, read_header
+
+DCP_WEIGHTS, SAFETENSORS = "dcp", "safetensors"
+FLAT_STATE_PREFIX = "state."  # optimizer_state.safetensors keys: state.<param>.<slot>
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # parameter name (for optimizer state: the parameter's name too)
+    shape: tuple[int, ...]
+    dtype: str  # torch name, e.g. float32
+    itemsize: int
+    key: str = ""  # where it is stored: the DCP flat key or the safetensors key
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass
+class Container:
+    """One input the loader reads: a DCP directory (``index``) or a safetensors file (``header``)."""
+
+    kind: str  # "dcp" or "safetensors"
+    path: Path
+    index: ChunkIndex | None = None
+    header: SafetensorsHeader | None = None
+    problems: list[str] = field(default_factory=list)  # what makes loading it fail
+
+
+@dataclass
+class ResumeSource:
+    paths: L.StepPaths
+    record: TrainingStep
+    config: SavedConfig | None
+    config_error: str | None
+    peft: bool
+    weights: Container | None  # None: no usable weights (``weights_error`` says why)
+    weights_error: str | None
+    optimizer: Container | None
+    optimizer_error: str | None
+    params: dict[str, TensorSpec]  # live parameter name -> spec, from the weights container
+    trainable: set[str]
+    frozen: dict[str, TensorSpec]  # PEFT: the base model's parameters, read from policy.path
+    optimizer_state: dict[str, dict[str, TensorSpec]]  # live parameter name -> slot -> spec
+    base_weights: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def param_of(self, optimizer_name: str) -> TensorSpec | None:
+        """The parameter an optimizer entry belongs to (PEFT safetensors names drop the adapter name)."""
+        return self.params.get(optimizer_name) or self.params.get(saved_adapter_key(optimizer_name))
+
+
+# ====================================================================== locating
+
+
+def resolve_step_dir(path: str | os.PathLike[str]) -> L.StepPaths:
+    """The step directory a user means: a checkpoints root (its ``last``), a step dir, or inside one."""
+    located = L.locate(path)
+    if located.kind is L.PathKind.CHECKPOINTS_ROOT:
+        assert located.checkpoints_root is not None
+        last = L.resolve_last(located.checkpoints_root)
+        if last is None:
+            raise CheckpointError(f"{path}: no complete checkpoint ('last' is missing or dangling)")
+        return L.StepPaths(last)
+    if located.kind is L.PathKind.STEP_DIR:
+        return L.StepPaths(located.path)
+    if located.step is None and located.path.is_file():
+        return resolve_step_dir(located.path.parent)  # a file inside pretrained_model/ or training_state/
+    if located.step is None:
+        raise CheckpointError(f"{path}: not inside a checkpoint step directory (no training_state/ next to it)")
+    return located.step
+
+
+# ====================================================================== loading
+
+
+def load_source(paths: L.StepPaths) -> ResumeSource:
+    """Describe ``paths`` as the loader sees it. Raises only when ``training_step.json`` is unusable."""
+    record = read_training_step(paths.training_step)
+    config, config_error = None, None
+    try:
+        config = read_saved_config(paths.train_config)
+    except CkptError as e:
+        config_error = str(e)
+    peft = bool(config.peft) if config is not None else bool(record.peft)
+    weights, weights_error = _weights(paths, peft)
+    optimizer, optimizer_error = _optimizer(paths, record)
+    source = ResumeSource(
+        paths=paths,
+        record=record,
+        config=config,
+        config_error=config_error,
+        peft=peft,
+        weights=weights,
+        weights_error=weights_error,
+        optimizer=optimizer,
+        optimizer_error=optimizer_error,
+        params={},
+        trainable=set(),
+        frozen={},
+        optimizer_state={},
+    )
+    if weights is not None:
+        source.params = _params(weights)
+        source.trainable = set(source.params)  # non-PEFT: all trainable; PEFT: the checkpoint holds only the adapter
+    if optimizer is not None:
+        source.optimizer_state = _optimizer_state(optimizer)
+    if peft:
+        _base_model(source)
+    return source
+
+
+def _weights(paths: L.StepPaths, peft: bool) -> tuple[Container | None, str | None]:
+    if (paths.model_dcp / L.DCP_METADATA).exists():
+        return _dcp(paths.model_dcp), None
+    file = paths.adapter_weights if peft else paths.model_weights
+    if not file.exists():
+        dcp_note = (
+            f" ({L.MODEL_DCP_DIR}/ has no .metadata: its save did not complete)" if paths.model_dcp.is_dir() else ""
+        )
+        return (
+            None,
+            f"{paths.pretrained_model}: neither {L.MODEL_DCP_DIR}/ nor {file.name}{dcp_note} - no weights to resume",
+        )
+    return _safetensors(file), None
+
+
+def _optimizer(paths: L.StepPaths, record: TrainingStep) -> tuple[Container | None, str | None]:
+    if (paths.optimizer_dcp / L.DCP_METADATA).exists():
+        return _dcp(paths.optimizer_dcp), None
+    if paths.optimizer_state.exists():
+        container = _safetensors(paths.optimizer_state)
+        if not paths.optimizer_param_groups.exists():
+            container.problems.append(f"{paths.optimizer_param_groups}: missing (the optimizer's param groups)")
+        return container, None
+    if paths.optimizer_dcp.is_dir():
+        return None, (
+            f"{paths.optimizer_dcp}: no .metadata - the optimizer save did not complete"
+            f" (and no {L.OPTIMIZER_STATE} to fall back on)"
+        )
+    if record.sharded:
+        return None, f"{paths.training_state}: no {L.OPTIMIZER_DCP_DIR}/ - a sharded run's optimizer state is missing"
+    return None, f"{paths.training_state}: no optimizer state ({L.OPTIMIZER_DCP_DIR}/ or {L.OPTIMIZER_STATE})"
+
+
+def _dcp(directory: Path) -> Container:
+    try:
+        index = ChunkIndex.load(directory)
+    except CkptError as e:
+        return Container(DCP_WEIGHTS, directory, problems=[str(e)])
+    problems = [p.message for p in index.problems()]
+    if not problems:
+        problems = _archive_problems(index)
+    return Container(DCP_WEIGHTS, directory, index=index, problems=problems)
+
+
+_PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
+
+
+def _archive_problems(index: ChunkIndex) -> list[str]:
+    """Each chunk's torch.save archive parses and holds the dtype and shape ``.metadata`` promises;
+    each non-tensor item is plain data.
+
+    Sizes alone miss a shard overwritten in place; torch's loader would then fail mid-resume.
+    Reading the archive headers costs a few hundred bytes per chunk, never the tensor data.
+    """
+    with ShardFiles(index.root) as files:
+        for item in index.byte_items.values():
+            # torch's loader unpickles these with torch.load(weights_only=False): a global in
+            # them would run on resume, so anything but plain data makes the checkpoint unsafe.
+            what = f"{item.file} ({item.fqn})"
+            try:
+                read_pickled_object(files.fd(item.file), item.offset, item.length, _PLAIN_OBJECTS, what=what)
+            except CkptError as e:
+                return [str(e)]
+        for entry in index.tensors.values():
+            for c in entry.chunks:
+                what = f"{c.file} ({entry.fqn})"
+                try:
+                    found = read_chunk_layout(files.fd(c.file), c.offset, c.length, what=what)
+                except CkptError as e:
+                    return [str(e)]
+                if found.dtype.name != dtypes.canonical_name(entry.dtype) or found.size != c.sizes:
+                    return [
+                        f"{what}: holds {found.dtype.name}{list(found.size)}, .metadata says {entry.dtype}{list(c.sizes)}"
+                    ]
+    return []
+
+
+def _safetensors(file: Path) -> Container:
+    try:
+        header = read_header(file)
+    except CkptError as e:
+        return Container(SAFETENSORS, file, problems=[str(e)])
+    return Container(SAFETENSORS, file, header=header, problems=list(header.problems))
+
+
+# ====================================================================== inventories
+
+
+def _params(weights: Container) -> dict[str, TensorSpec]:
+    out: dict[str, TensorSpec] = {}
+    if weights.index is not None:
+        for entry in weights.index.tensors.values():
+            name = _below(entry.path, L.MODEL_DCP_KEY, entry.fqn)
+            if name is not None:
+                out[name] = TensorSpec(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
+    elif weights.header is not None:
+        out = _header_specs(weights.header)
+    return out
+
+
+def _below(path: tuple[str | int, ...], top: str, fqn: str) -> str | None:
+    """The name under a top-level key: ('model', 'a.b') -> 'a.b' (or from the flat fqn)."""
+    if len(path) > 1 and path[0] == top:
+        return ".".join(str(p) for p in path[1:])
+    prefix = f"{top}."
+    return fqn[len(prefix) :] if fqn.startswith(prefix) else None
+
+
+def _header_specs(header: SafetensorsHeader) -> dict[str, TensorSpec]:
+    out = {}
+    for e in header.entries.values():
+        dtype = dtypes.BY_SAFETENSORS.get(e.dtype)
+        itemsize = dtype.itemsize if dtype else 0
+        out[e.name] = TensorSpec(e.name, e.shape, dtype.name if dtype else e.dtype, itemsize, e.name)
+    return out
+
+
+def _optimizer_state(optimizer: Container) -> dict[str, dict[str, TensorSpec]]:
+    out: dict[str, dict[str, TensorSpec]] = {}
+    if optimizer.index is not None:
+        for entry in optimizer.index.tensors.values():
+            path = entry.path
+            if len(path) >= 4 and path[0] == L.OPTIMIZER_DCP_KEY and path[1] == "state":
+                name, slot = ".".join(str(p) for p in path[2:-1]), str(path[-1])
+                spec = TensorSpec(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
+                out.setdefault(name, {})[slot] = spec
+    elif optimizer.header is not None:
+        for key, spec in _header_specs(optimizer.header).items():
+            # Split exactly as the loader does: a key it cannot place (no "state." prefix, an
+            # unknown parameter) shows up as state of a name the param groups do not list.
+            name, _, slot = key.removeprefix(FLAT_STATE_PREFIX).rpartition(".")
+            out.setdefault(name, {})[slot] = TensorSpec(name, spec.shape, spec.dtype, spec.itemsize, key)
+    return out
+
+
+def _base_model(source: ResumeSource) -> None:
+    """PEFT: the frozen base the resumed model rebuilds from ``policy.path`` (resident, never in the checkpoint)."""
+    path = source.config.policy_path if source.config else None
+    if not path:
+        source.notes.append("PEFT run without --policy.path: no base model to count (the resume refuses it)")
+        return
+    directory = Path(path).expanduser()
+    if (directory / L.PRETRAINED_MODEL_DIR).is_dir():
+        directory = directory / L.PRETRAINED_MODEL_DIR
+    base = directory / L.MODEL_WEIGHTS
+    try:
+        header = read_header(base)
+    except CkptError:
+        source.notes.append(f"PEFT base {base}: not readable here; its memory is not counted")
+        return
+    source.base_weights = base
+    source.frozen = _header_specs(header)
+
+
+def ignored_matcher(pattern: str | None) -> re.Pattern[str] | None:
+    """``--accelerator.fsdp.ignored_modules``: a regex over module paths (PEFT paths start ``base_model.model.``)."""
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return None
+
+
+def is_ignored(name: str, matcher: re.Pattern[str] | None, prefix: str = "") -> bool:
+    """Whether parameter ``name`` lives in a module (or under one) the ignore regex fully matches."""
+    if matcher is None:
+        return False
+    parts = (prefix + name).split(".")[:-1]
+    return any(matcher.fullmatch(".".join(parts[: i + 1])) for i in range(len(parts)))

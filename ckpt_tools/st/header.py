@@ -1,0 +1,131 @@
+"""Read and check a safetensors file's header without loading any tensor.
+
+The format: an 8-byte little-endian header length N, N bytes of JSON (``name → {dtype,
+shape, data_offsets}`` plus an optional ``__metadata__`` of strings), then the data. We
+check what a loader relies on: the header fits in the file, every entry has a known dtype
+and a byte range equal to ``prod(shape) × itemsize``, the ranges tile the data section with
+no gap or overlap, and the data section ends exactly at the end of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.io.safe_read import open_regular, parse_json
+from ckpt_tools.st import dtypes
+
+MAX_HEADER_BYTES = 100 * 2**20  # what the safetensors library itself accepts
+
+
+@dataclass(frozen=True)
+class HeaderEntry:
+    name: str
+    dtype: str  # safetensors code, e.g. "F32"
+    shape: tuple[int, ...]
+    begin: int  # relative to the data section
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    path: Path
+    entries: dict[str, HeaderEntry]
+    metadata: dict[str, str]
+    data_start: int  # absolute offset of the data section
+    file_size: int
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Parse the header; structural problems are listed in ``problems``, unreadable files raise."""
+    p = Path(path)
+    try:
+        with os.fdopen(open_regular(p), "rb") as f:  # a FIFO or device is refused, not waited on
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise CorruptCheckpoint(f"{p}: {size} bytes, too short for a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise CorruptCheckpoint(f"{p}: header length {n} does not fit in the file ({size} bytes)")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise CheckpointError(f"{p}: missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{p}: unreadable ({e.strerror})") from None
+    try:
+        doc = parse_json(raw)
+    except ValueError:
+        raise CorruptCheckpoint(f"{p}: safetensors header is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise CorruptCheckpoint(f"{p}: safetensors header is not a JSON object")
+    problems: list[str] = []
+    metadata: dict[str, str] = {}
+    raw_meta = doc.pop("__metadata__", None)
+    if isinstance(raw_meta, dict):
+        metadata = {str(k): v for k, v in raw_meta.items() if isinstance(v, str)}
+    elif raw_meta is not None:
+        problems.append("__metadata__ is not an object of strings")
+    entries: dict[str, HeaderEntry] = {}
+    for name, info in doc.items():
+        entry = _entry(name, info, problems)
+        if entry is not None:
+            entries[name] = entry
+    data_len = size - 8 - n
+    problems.extend(_layout_problems(entries.values(), data_len))
+    return SafetensorsHeader(p, entries, metadata, 8 + n, size, tuple(f"{p.name}: {m}" for m in problems))
+
+
+def _entry(name: str, info: object, problems: list[str]) -> HeaderEntry | None:
+    if not isinstance(info, dict):
+        problems.append(f"{name}: header entry is not an object")
+        return None
+    code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+        problems.append(f"{name}: bad shape {shape!r}")
+        return None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        problems.append(f"{name}: bad data_offsets {offsets!r}")
+        return None
+    begin, end = offsets
+    entry = HeaderEntry(name, str(code), tuple(shape), begin, end)
+    dtype = dtypes.BY_SAFETENSORS.get(str(code))
+    if dtype is None:
+        problems.append(f"{name}: unknown dtype {code!r}")
+    elif entry.numel * dtype.itemsize != end - begin:
+        problems.append(
+            f"{name}: {end - begin} bytes for {dtype.name}{list(shape)} (expected {entry.numel * dtype.itemsize})"
+        )
+    return entry
+
+
+def _layout_problems(entries: object, data_len: int) -> list[str]:
+    ordered = sorted(entries, key=lambda e: (e.begin, e.end))  # type: ignore[attr-defined]
+    problems = []
+    pos = 0
+    for e in ordered:
+        if e.begin != pos:
+            problems.append(f"{e.name}: data starts at {e.begin}, expected {pos} (gap or overlap)")
+        pos = max(pos, e.end)
+    if pos != data_len:
+        problems.append(f"data section is {data_len} bytes, the header accounts for {pos}")
+    return problems

@@ -1,0 +1,491 @@
+"""The checkpoint life cycle: collective save, atomic commit, ``last``, and resume.
+
+One object owns it. A save is collective - every rank enters; each rank writes its own DCP
+shards in parallel, while gathered weights and every sidecar file are written by the main
+rank alone. Everything goes into a hidden ``.NNNNNN.partial`` directory; only when all
+ranks are done does the main rank fsync it, rename it to ``NNNNNN`` and then move ``last``.
+A crash at any moment therefore leaves the previous ``last`` complete and resumable, and a
+half-written save is never mistaken for a checkpoint (tools skip ``.partial`` dirs).
+
+Load is the mirror image and reshards: DCP shards load onto whatever topology is running
+now, and the flat files of non-sharded runs load into sharded ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import draccus
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from ckpt_tools import __version__
+from ckpt_tools.errors import CheckpointError, CkptError, LegacyCheckpoint
+from ckpt_tools.format import layout
+from ckpt_tools.format.layout import CheckpointFormat, StepPaths
+from ckpt_tools.format.peft_keys import saved_adapter_key
+from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
+from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.train.checkpoint import rng, state_dicts
+from ckpt_tools.train.checkpoint.audit import CountingReader, resident_bytes, write_audit
+from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata
+from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.data.processors import Pipeline
+from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.parallel.distributed import DistEnv, barrier, is_transport_failure
+from ckpt_tools.train.parallel.precision import PrecisionPlan
+from ckpt_tools.train.parallel.wrap import ParallelModel
+from ckpt_tools.train.report.procstats import PeakMemory, now
+
+
+@dataclass
+class TrainingState:
+    """Everything a checkpoint captures, as live objects."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    parallel: ParallelModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: Any
+    sampler: GlobalOrderSampler
+    precision: PrecisionPlan
+    preprocessor: Pipeline
+    postprocessor: Pipeline
+    peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
+    step: int = 0
+    optimizer_steps: int = 0
+
+
+@dataclass
+class ResumeReport:
+    step: int
+    source: Path
+    record: TrainingStep
+    sample_exact: bool
+    rng_restored: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SaveStats:
+    step: int
+    path: Path
+    pause_s: float  # how long the training loop stood still
+    extra_bytes: list[int | None]  # per rank: peak memory above the pre-save level during the pause
+    asynchronous: bool
+    phases: dict[str, float]  # seconds per phase of the pause on this rank (sync: and of the writes)
+
+
+class BackgroundSave:
+    """A save job running in a thread beside the loop: stage, then write and commit.
+
+    Staging (copying the state into private host buffers) runs in the thread too, while the
+    loop goes on with the next step's forward and backward, which only read the parameters
+    and optimizer state. The loop calls :meth:`wait_staged` before it changes them (the
+    optimizer update). ``join`` re-raises the thread's failure.
+    """
+
+    def __init__(
+        self, job: SaveJob, groups: SaveGroups, on_committed: Any, stage: Callable[[SaveJob], SaveJob]
+    ) -> None:
+        self.job, self.groups, self.on_committed, self.stage = job, groups, on_committed, stage
+        self.error: BaseException | None = None
+        self.staged = threading.Event()
+        self.gate_passed = False  # the loop has waited for the staging once (it reports that wait)
+        self.thread = threading.Thread(target=self._run, name=f"ckpt-save-{job.step}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        started = now()
+        try:
+            try:
+                self.job = self.stage(self.job)
+                self.job.timings["stage"] = round(now() - started, 4)
+            finally:
+                self.staged.set()  # also on failure: the loop must not wait forever; join reports it
+            self.job.run(self.groups)
+        except BaseException as e:  # handed to the loop's thread by join()
+            self.error = e
+            return
+        self.on_committed(self.job, now() - started)
+
+    def wait_staged(self) -> None:
+        self.staged.wait()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            if isinstance(self.error, CkptError) or is_transport_failure(self.error):
+                raise self.error
+            raise CheckpointError(
+                f"background save of step {self.job.step} failed ({type(self.error).__name__}: {self.error});"
+                f" {layout.LAST_LINK} still points at the previous complete checkpoint"
+            ) from None
+
+
+@dataclass
+class StagingWait:
+    """How long the loop waited, before an optimizer update, for a background save's host copy."""
+
+    step: int  # the checkpoint's step
+    wait_s: float  # the loop stood still this long (0 when the copy finished under the step's compute)
+    stage_s: float  # how long the copy took in the background
+
+
+class CheckpointManager:
+    def __init__(self, state: TrainingState) -> None:
+        self.state = state
+        assert state.cfg.output_dir is not None
+        self.root = Path(state.cfg.output_dir) / layout.CHECKPOINTS_DIR
+        self._in_flight: BackgroundSave | None = None
+        self._groups: SaveGroups | None = None
+        self._cpu_mesh: Any = None
+        self._buffers = StagingBuffers()
+        self.on_commit: Any = None  # called (path, seconds) when a background save is committed
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int) -> SaveStats:
+        """Collective. Synchronous: returns once the checkpoint is committed. Asynchronous
+        (``--checkpoint_async``): returns once the state is captured; a background thread
+        copies it to host memory (the loop calls :meth:`before_update` before it changes the
+        state), then writes and commits it while the loop goes on (at most one save in flight).
+        """
+        s = self.state
+        memory = PeakMemory()
+        memory.start()
+        clock = PhaseClock(pause_phases := {})
+        started = now()
+        self.wait()  # the previous background save must be committed before the next starts
+        clock.lap("wait_previous")
+        job = self._capture(step)
+        clock.lap("capture")
+        if s.cfg.checkpoint_async:
+            groups = self._background_groups()
+            host_mesh, buffers = self._host_mesh(), self._buffers  # collective (once): on this thread
+
+            def stage(captured: SaveJob) -> SaveJob:
+                return captured.staged(host_mesh, buffers)
+
+            self._in_flight = BackgroundSave(job, groups, self._on_committed, stage)
+            self._in_flight.start()
+        else:
+            job.run(SaveGroups.training(s.parallel, s.env))
+            clock.lap("write")
+        pause = now() - started
+        extra = _gather_ints(s.env, memory.extra_bytes())
+        phases = pause_phases if s.cfg.checkpoint_async else {**pause_phases, **job.timings}
+        return SaveStats(step, job.final, pause, extra, s.cfg.checkpoint_async, phases)
+
+    def before_update(self) -> StagingWait | None:
+        """Block until the in-flight background save holds its private copy of the state.
+
+        Called before every optimizer update, the first change to the parameters and the
+        optimizer state since the save captured them. Returns the wait the first time after
+        a save (None otherwise), so that the loop can report the whole pause of the save.
+        """
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.gate_passed:
+            return None
+        started = now()
+        in_flight.wait_staged()
+        in_flight.gate_passed = True
+        return StagingWait(in_flight.job.step, now() - started, in_flight.job.timings.get("stage", 0.0))
+
+    def staging_bytes(self) -> int:
+        """Host memory this rank keeps for background saves: one copy of its model and optimizer shards."""
+        return self._buffers.nbytes
+
+    def wait(self) -> None:
+        """Block until the in-flight background save (if any) is committed; re-raise its failure."""
+        if self._in_flight is None:
+            return
+        in_flight, self._in_flight = self._in_flight, None
+        in_flight.join()
+
+    def _capture(self, step: int) -> SaveJob:
+        """Collective: everything the checkpoint of ``step`` will hold, and an empty partial dir."""
+        s = self.state
+        only = self._peft_trainable()
+        model = state_dicts.sharded_model_state(s.parallel, only)  # views of the live shards, no copies
+        peft = s.peft_model is not None
+        assert s.cfg.policy is not None
+        job = SaveJob(
+            step=step,
+            root=self.root,
+            final_name=layout.step_dir_name(step, s.cfg.steps),
+            env=s.env,
+            fmt=s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS,
+            sharded=s.parallel.sharded,
+            model=model,
+            gathered_name=layout.ADAPTER_WEIGHTS if peft else layout.MODEL_WEIGHTS,
+            gathered_keys={k: saved_adapter_key(k) if peft else k for k in model},
+            optimizer=state_dicts.sharded_optimizer_state(s.parallel, s.optimizer),
+            rng_states=rng.gather_rng_states(s.env),
+            record=self.record(step),
+            policy_config=s.cfg.policy,
+            train_config=train_config_dict(s.cfg),
+            scheduler_state=s.scheduler.state_dict(),
+            scaler_state=s.scaler.state_dict() if s.scaler is not None else None,
+            processors=(s.preprocessor, s.postprocessor),
+            adapter_config=s.peft_model.peft_config["default"] if peft else None,
+        )
+        if s.env.is_main:
+            prepare_partial(job)
+        barrier(s.env)
+        return job
+
+    def _background_groups(self) -> SaveGroups:
+        if self._groups is None:
+            self._groups = SaveGroups.background(self.state.parallel, self.state.env)
+        return self._groups
+
+    def _host_mesh(self) -> Any:
+        """The mesh host copies of sharded tensors live on: the training mesh when it is a CPU one."""
+        mesh = self.state.parallel.mesh
+        if mesh is None or mesh.device_type == "cpu":
+            return mesh
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._cpu_mesh is None:  # collective, once
+            self._cpu_mesh = init_device_mesh("cpu", tuple(mesh.mesh.shape), mesh_dim_names=mesh.mesh_dim_names)
+        return self._cpu_mesh
+
+    def _on_committed(self, job: SaveJob, seconds: float) -> None:
+        if self.on_commit is not None:
+            self.on_commit(job.final, seconds, job.timings)
+
+    def _peft_trainable(self) -> set[str] | None:
+        return state_dicts.trainable_names(self.state.parallel) if self.state.peft_model is not None else None
+
+    def record(self, step: int) -> TrainingStep:
+        s = self.state
+        return TrainingStep(
+            step=step,
+            samples_seen=s.sampler.samples_seen,
+            optimizer_steps=s.optimizer_steps,
+            dp_world_size=s.parallel.dp_replicate * s.parallel.dp_shard,
+            batch_size=s.cfg.batch_size,
+            grad_accum_steps=s.cfg.grad_accum_steps,
+            mixed_precision=s.cfg.accelerator.mixed_precision,
+            mixed_precision_policy=s.precision.record(),
+            checkpoint_format=(s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS).value,
+            topology=Topology(
+                world_size=s.env.world_size,
+                dp_replicate=s.parallel.dp_replicate,
+                dp_shard=s.parallel.dp_shard,
+                nnodes=s.env.nnodes,
+            ),
+            sampler=s.sampler.position(),
+            sharded=s.parallel.sharded,
+            peft=s.peft_model is not None,
+            versions={"torch": torch.__version__, "ckpt_tools": __version__},
+        )
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, step_dir: Path) -> ResumeReport:
+        """Collective: restore everything from ``step_dir`` onto the current topology.
+
+        A checkpoint is input from outside: whatever in it makes the restore fail (a JSON value
+        of the wrong type that a ``load_state_dict`` chokes on, a tensor of the wrong shape)
+        ends as one :class:`CheckpointError` naming the directory, not a traceback.
+        """
+        try:
+            return self._load(step_dir)
+        except CkptError:
+            raise
+        except Exception as e:
+            detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise CheckpointError(f"{step_dir}: cannot resume from it ({type(e).__name__}: {detail})") from None
+
+    def _load(self, step_dir: Path) -> ResumeReport:
+        s = self.state
+        paths = StepPaths(step_dir)
+        record = read_training_step(paths.training_step)
+        check_resumable(paths, record)
+        only = self._peft_trainable()
+        self.requested: dict[str, int] = {}
+        self._load_model(paths, only)
+        self._load_optimizer(paths)
+        self._write_audit(paths)
+        s.scheduler.load_state_dict(_read_json(paths.scheduler_state))
+        if s.scaler is not None:
+            if not paths.scaler_state.exists():
+                raise CheckpointError(
+                    f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
+                )
+            s.scaler.load_state_dict(_read_json(paths.scaler_state))
+        saved_world = record.topology.world_size if record.topology else None
+        rng_restored = rng.restore_rng_state(paths.rng_state, s.env, saved_world, s.cfg.seed, record.step)
+        assert record.samples_seen is not None
+        s.sampler.restore(record.samples_seen)
+        s.step = record.step
+        s.optimizer_steps = record.optimizer_steps or 0
+        warnings = []
+        same_world = record.dp_world_size == s.sampler.world_size
+        same_batch = record.batch_size == s.cfg.batch_size
+        sample_exact = same_world and same_batch
+        if not sample_exact:
+            warnings.append(
+                f"data order is not sample-exact: saved with dp_world_size={record.dp_world_size},"
+                f" batch_size={record.batch_size}; now {s.sampler.world_size}, {s.cfg.batch_size}"
+                " (the same global sample order is re-split: no sample of the epoch is skipped or repeated)"
+            )
+        if not rng_restored:
+            warnings.append("random generator state not restored (world size changed): dropout masks differ")
+        return ResumeReport(record.step, step_dir, record, sample_exact, rng_restored, warnings)
+
+    def _load_model(self, paths: StepPaths, only: set[str] | None) -> None:
+        s = self.state
+        partial = only is not None
+        if (paths.model_dcp / layout.DCP_METADATA).exists():
+            sd = state_dicts.sharded_model_state(s.parallel, only)
+            self._dcp_load({layout.MODEL_DCP_KEY: sd}, paths.model_dcp, paths.root)
+            state_dicts.load_sharded_model_state(s.parallel, sd, partial)
+            return
+        weights = paths.adapter_weights if partial else paths.model_weights
+        if not weights.exists():
+            raise CheckpointError(
+                f"{paths.pretrained_model}: neither {layout.MODEL_DCP_DIR}/ nor {weights.name} - no weights to resume"
+            )
+        full = _load_safetensors(weights)
+        if partial:
+            full = peft_keys_to_model_keys(full, only)
+        state_dicts.load_full_model_state(s.parallel, full, partial)
+
+    def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
+        # Validated and unpickled data-only before torch sees it (torch would pickle.load it).
+        reader = CountingReader(directory, load_torch_metadata(directory / layout.DCP_METADATA))
+        try:
+            with warnings.catch_warnings():
+                # A single-process resume from shards is intended; torch warns about it regardless.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
+        except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
+            raise _dcp_error(directory, e) from None
+        prefix = directory.relative_to(step_root)
+        for name, length in reader.requested.items():
+            self.requested[str(prefix / name)] = length
+
+    def _write_audit(self, paths: StepPaths) -> None:
+        s = self.state
+        payload = {
+            "rank": s.env.rank,
+            "world_size": s.env.world_size,
+            "dp_replicate": s.parallel.dp_replicate,
+            "dp_shard": s.parallel.dp_shard,
+            "source": str(paths.root),
+            "read": dict(sorted(self.requested.items())),
+            "resident": resident_bytes(s.parallel.inner, s.optimizer),
+        }
+        write_audit(Path(str(s.cfg.output_dir)) / "resume_audit" / f"rank{s.env.rank}.json", payload)
+
+    def _load_optimizer(self, paths: StepPaths) -> None:
+        s = self.state
+        if (paths.optimizer_dcp / layout.DCP_METADATA).exists():
+            osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
+            self._dcp_load({layout.OPTIMIZER_DCP_KEY: osd}, paths.optimizer_dcp, paths.root)
+            state_dicts.load_sharded_optimizer_state(s.parallel, s.optimizer, osd)
+        elif paths.optimizer_state.exists():
+            state_dicts.load_flat_optimizer(
+                s.parallel, s.optimizer, paths.optimizer_state, paths.optimizer_param_groups
+            )
+        else:
+            raise CheckpointError(
+                f"{paths.training_state}: no optimizer state ({layout.OPTIMIZER_DCP_DIR}/ or {layout.OPTIMIZER_STATE})"
+            )
+
+
+def preflight_resume(step_dir: Path) -> TrainingStep:
+    """Before any process group exists: is this a checkpoint we can resume at all?"""
+    paths = StepPaths(step_dir)
+    record = read_training_step(paths.training_step)
+    check_resumable(paths, record)
+    return record
+
+
+def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:
+    """Collective: one small value from every rank (on every rank)."""
+    if not env.distributed:
+        return [value]
+    out: list[int | None] = [None] * env.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _dcp_error(directory: Path, error: Exception) -> CheckpointError:
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    return CheckpointError(f"{directory}: DCP load failed ({last[:300]})")
+
+
+def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
+    """Refuse the 0.6.x layout, optimizer-less sharded checkpoints and records without a data position."""
+    reason = unresumable_reason(paths, record)
+    if reason is not None:
+        raise LegacyCheckpoint(reason) if record.is_legacy else CheckpointError(reason)
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
+    """Map saved adapter names (no adapter name, peft's convention) onto live parameter names."""
+    by_saved = {saved_adapter_key(k): k for k in model_keys}
+    out = {}
+    for key, value in adapter.items():
+        if key not in by_saved:
+            raise CheckpointError(f"adapter weights hold '{key}', which the current PEFT model does not have")
+        out[by_saved[key]] = value
+    return out
+
+
+def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    encoded = draccus.encode(cfg)
+    assert isinstance(encoded, dict)
+    return encoded
+
+
+def find_train_config(config_path: str) -> tuple[Path, Path]:
+    """(train_config.json, step dir) from a config file, ``pretrained_model/`` or step dir."""
+    located = layout.locate(config_path)
+    if located.kind is layout.PathKind.CHECKPOINTS_ROOT:
+        assert located.checkpoints_root is not None
+        last = layout.resolve_last(located.checkpoints_root)
+        if last is None:
+            raise CheckpointError(f"{config_path}: no complete checkpoint ('last' is missing)")
+        located = layout.locate(last)
+    if located.step is None:
+        raise CheckpointError(f"--config_path={config_path}: not inside a checkpoint step directory")
+    train_config = located.step.train_config
+    if not train_config.exists():
+        raise CheckpointError(f"{train_config}: missing (--config_path must point into a checkpoint)")
+    return train_config, located.step.root.resolve()  # `last` → the step it points at

@@ -1,0 +1,67 @@
+"""Per-rank random number generator state, gathered into one ``rng_state.safetensors``.
+
+Every rank draws its own dropout masks, so every rank's generator state is saved (keys
+``rank{r}.torch`` and ``rank{r}.cuda``). A resume on the same world size restores each
+rank's own state (bit-exact continuation); on another world size there is no meaningful
+mapping, so ranks reseed from (seed, step, rank) and the resume says it is not exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from ckpt_tools.errors import CheckpointError
+from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
+from ckpt_tools.train.parallel.distributed import DistEnv
+
+
+def local_rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def gather_rng_states(env: DistEnv) -> dict[str, torch.Tensor] | None:
+    """Collective: every rank's generator state, on the main rank (None elsewhere)."""
+    mine = local_rng_state()
+    if not env.distributed:
+        return {f"rank0.{k}": v for k, v in mine.items()}
+    gathered: list[dict[str, torch.Tensor] | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)  # our own ranks' tensors, never data read from disk
+    if not env.is_main:
+        return None
+    out = {}
+    for rank, states in enumerate(gathered):
+        assert states is not None
+        out.update({f"rank{rank}.{k}": v for k, v in states.items()})
+    return out
+
+
+def save_rng_states(states: dict[str, torch.Tensor], path: Path, world_size: int) -> None:
+    save_state_dict(states, path, metadata={"world_size": str(world_size)})
+
+
+def restore_rng_state(path: Path, env: DistEnv, saved_world_size: int | None, seed: int, step: int) -> bool:
+    """Restore this rank's generator; returns False (and reseeds) when the world size changed."""
+    if saved_world_size != env.world_size:
+        torch.manual_seed(seed + 7919 * step + env.rank)
+        return False
+    try:
+        states = load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    key = f"rank{env.rank}.torch"
+    if key not in states:
+        raise CheckpointError(f"{path}: no generator state for rank {env.rank}")
+    torch.set_rng_state(states[key])
+    cuda_key = f"rank{env.rank}.cuda"
+    if torch.cuda.is_available() and cuda_key in states:
+        torch.cuda.set_rng_state(states[cuda_key])
+    return True

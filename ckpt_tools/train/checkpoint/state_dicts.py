@@ -1,0 +1,111 @@
+"""Model and optimizer state in the three shapes a checkpoint uses.
+
+- sharded (DTensor) state dicts for DCP, which reshards on load onto any topology;
+- full (gathered, fp32, on the main rank) state dicts for ``model.safetensors``;
+- flat files for non-sharded runs (``optimizer_state.safetensors`` +
+  ``optimizer_param_groups.json``), keyed by parameter name so they also load into a
+  sharded run.
+
+A PEFT run keeps only its trainable parameters (the adapter and any fully trained
+modules): the frozen base is never written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.fsutil import write_json_atomic
+from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
+from ckpt_tools.train.parallel.wrap import ParallelModel
+
+STATE_PREFIX = "state."
+
+
+def trainable_names(parallel: ParallelModel) -> set[str]:
+    return {name for name, p in parallel.inner.named_parameters() if p.requires_grad}
+
+
+def _keep(state: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
+    return state if keep is None else {k: v for k, v in state.items() if k in keep}
+
+
+def sharded_model_state(parallel: ParallelModel, only: set[str] | None) -> dict[str, Any]:
+    return _keep(get_model_state_dict(parallel.inner), only)
+
+
+def load_full_model_state(parallel: ParallelModel, state: dict[str, torch.Tensor], partial: bool) -> None:
+    options = StateDictOptions(full_state_dict=True, strict=not partial)
+    set_model_state_dict(parallel.inner, state, options=options)
+
+
+def load_sharded_model_state(parallel: ParallelModel, state: dict[str, Any], partial: bool) -> None:
+    set_model_state_dict(parallel.inner, state, options=StateDictOptions(strict=not partial))
+
+
+def sharded_optimizer_state(parallel: ParallelModel, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return get_optimizer_state_dict(parallel.inner, optimizer)
+
+
+def load_sharded_optimizer_state(
+    parallel: ParallelModel, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    set_optimizer_state_dict(parallel.inner, optimizer, state)
+
+
+def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: Path) -> None:
+    """Non-sharded runs: tensors in safetensors (``state.<param>.<key>``), groups in JSON.
+
+    ``osd`` is ``get_optimizer_state_dict`` output: keyed by parameter name, so the file also
+    loads into a sharded run.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for param_name, entries in osd["state"].items():
+        for key, value in entries.items():
+            flat = f"{STATE_PREFIX}{param_name}.{key}"
+            if isinstance(value, torch.Tensor):
+                tensors[flat] = value
+            else:
+                scalars[flat] = value
+    save_state_dict(tensors, tensors_path)
+    write_json_atomic(groups_path, {"param_groups": osd["param_groups"], "scalars": scalars})
+
+
+def load_flat_optimizer(
+    parallel: ParallelModel, optimizer: torch.optim.Optimizer, tensors_path: Path, groups_path: Path
+) -> None:
+    try:
+        tensors = load_file(str(tensors_path))
+        groups = read_json(groups_path)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{e.filename}: missing") from None
+    except Exception as e:  # damaged safetensors / JSON
+        raise CheckpointError(f"{tensors_path.parent}: unreadable optimizer state ({e})") from None
+    param_names = [n for g in groups["param_groups"] for n in g["params"]]
+    state: dict[str, dict[str, Any]] = {n: {} for n in param_names}
+    for flat, value in list(tensors.items()) + list(groups.get("scalars", {}).items()):
+        name, key = _split_flat(flat, param_names)
+        state[name][key] = value
+    osd = {"state": {k: v for k, v in state.items() if v}, "param_groups": groups["param_groups"]}
+    set_optimizer_state_dict(parallel.inner, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+
+
+def _split_flat(flat: str, param_names: list[str]) -> tuple[str, str]:
+    body = flat.removeprefix(STATE_PREFIX)
+    name, _, key = body.rpartition(".")
+    if name not in param_names:
+        raise CheckpointError(f"optimizer state names an unknown parameter: {name}")
+    return name, key

@@ -1,0 +1,266 @@
+"""Laying the model out over the processes: DDP, FSDP2 or HSDP, with torch's own APIs.
+
+Accelerate's FSDP2 path does not shard on CPU (DESIGN §1), so this module uses
+``fully_shard`` + ``init_device_mesh`` directly - one code path for gloo on CPU and NCCL
+on CUDA. Wrap units come from the policy's ``_fsdp_wrap_modules``, from
+``--accelerator.fsdp.wrap_modules`` or from ``--accelerator.fsdp.min_num_params``; a sharded
+run with none of them is refused rather than silently wrapping only the root.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.record import Layout, layout_for
+from ckpt_tools.train.config import FSDPConfig
+from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.precision import PrecisionPlan
+
+
+@dataclass
+class ParallelModel:
+    """The wrapped model and what was decided about its layout."""
+
+    module: nn.Module  # what forward is called on (DDP wrapper, FSDP root, or the policy)
+    inner: nn.Module  # the policy (or PEFT model) itself, for state dicts and saving
+    layout: Layout
+    dp_replicate: int
+    dp_shard: int
+    mesh: Any = None
+    wrap_units: list[str] = field(default_factory=list)  # module paths wrapped as FSDP units
+    wrap_classes: list[str] = field(default_factory=list)
+    ignored_params: list[nn.Parameter] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout.sharded
+
+    def set_gradient_sync(self, enabled: bool) -> Any:
+        """A context for one micro-step: gradients are reduced only on the last of a window."""
+        import contextlib
+
+        if self.layout is Layout.DDP and not enabled:
+            return self.module.no_sync()
+        if self.sharded:
+            self.module.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+
+
+def select_wrap_units(
+    model: nn.Module, policy_class: type, fsdp: FSDPConfig
+) -> tuple[list[tuple[str, nn.Module]], str]:
+    """The submodules to shard as units (deepest first) and a description of the rule."""
+    if fsdp.min_num_params is not None:
+        return _units_by_size(model, fsdp.min_num_params), f"every submodule ≥ {fsdp.min_num_params:,} params"
+    names = fsdp.wrap_modules or getattr(policy_class, "_fsdp_wrap_modules", None)
+    if not names:
+        raise ConfigError(
+            f"the {policy_class.__name__} policy declares no _fsdp_wrap_modules: pass"
+            " --accelerator.fsdp.wrap_modules='[\"ClassName\"]' or --accelerator.fsdp.min_num_params=N"
+            " (wrapping only the root would give up the memory savings of sharding)"
+        )
+    units = [(path, m) for path, m in model.named_modules() if path and type(m).__name__ in names]
+    if not units:
+        present = sorted({type(m).__name__ for _, m in model.named_modules()})
+        flag = "--accelerator.fsdp.wrap_modules" if fsdp.wrap_modules else f"{policy_class.__name__}._fsdp_wrap_modules"
+        raise ConfigError(f"{flag}={list(names)}: no such module class in the model (classes: {', '.join(present)})")
+    units.sort(key=lambda item: item[0].count("."), reverse=True)
+    return units, ", ".join(names)
+
+
+def _units_by_size(model: nn.Module, min_params: int) -> list[tuple[str, nn.Module]]:
+    """Post-order: a module becomes a unit when its parameters not yet in a unit reach the bar."""
+    covered: set[int] = set()
+    units: list[tuple[str, nn.Module]] = []
+
+    def visit(path: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            visit(f"{path}.{name}" if path else name, child)
+        if not path:
+            return
+        own = [p for p in module.parameters() if id(p) not in covered]
+        if sum(p.numel() for p in own) >= min_params:
+            units.append((path, module))
+            covered.update(id(p) for p in own)
+
+    visit("", model)
+    return units
+
+
+def check_tied_weights(model: nn.Module, unit_paths: list[str]) -> None:
+    """Refuse tied parameters that would land in different FSDP units, naming them.
+
+    ``fully_shard`` cannot split one parameter across units: it silently unties them and
+    the first forward then fails deep inside torch. Found here, before any step runs.
+    """
+    names_by_param: dict[int, list[str]] = defaultdict(list)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param[id(param)].append(name)
+    ordered = sorted(unit_paths, key=len, reverse=True)
+
+    def owner(name: str) -> str:
+        return next((u for u in ordered if name.startswith(u + ".")), "<root>")
+
+    for names in names_by_param.values():
+        if len(names) < 2:
+            continue
+        owners = {n: owner(n) for n in names}
+        if len(set(owners.values())) > 1:
+            detail = "; ".join(f"'{n}' in unit {u}" for n, u in owners.items())
+            raise ConfigError(
+                f"tied weights split across FSDP wrap units: parameter '{names[1]}' is tied to '{names[0]}' ({detail});"
+                " choose --accelerator.fsdp.wrap_modules so both stay in one unit (e.g. the root)"
+            )
+
+
+def ignored_parameters(model: nn.Module, pattern: str | None) -> tuple[list[nn.Parameter], list[str]]:
+    """Parameters of modules whose path fully matches ``pattern`` (kept unsharded)."""
+    if not pattern:
+        return [], []
+    regex = re.compile(pattern)
+    matched = [path for path, _ in model.named_modules() if path and regex.fullmatch(path)]
+    params: dict[int, nn.Parameter] = {}
+    for path in matched:
+        for p in model.get_submodule(path).parameters():
+            params[id(p)] = p
+    if not matched:
+        raise ConfigError(
+            f"--accelerator.fsdp.ignored_modules={pattern}: matches no module path"
+            " (paths look like 'encoder.layers.0'; with PEFT they start with 'base_model.model.')"
+        )
+    return list(params.values()), matched
+
+
+def build_mesh(env: DistEnv, dp_replicate: int, dp_shard: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dp_replicate > 1:
+        return init_device_mesh(env.device.type, (dp_replicate, dp_shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+    return init_device_mesh(env.device.type, (dp_shard,), mesh_dim_names=("dp_shard",))
+
+
+def parallelize(
+    model: nn.Module,
+    policy_class: type,
+    env: DistEnv,
+    dp_replicate: int,
+    dp_shard: int,
+    fsdp: FSDPConfig,
+    precision: PrecisionPlan,
+) -> ParallelModel:
+    layout = layout_for(env.world_size, dp_replicate, dp_shard)
+    if layout is Layout.SINGLE:
+        return ParallelModel(model, model, layout, 1, 1)
+    if layout is Layout.DDP:
+        notes = []
+        if fsdp.ignored_modules or fsdp.cpu_offload or fsdp.wrap_modules or fsdp.min_num_params:
+            notes.append("--accelerator.fsdp.* options apply to sharded runs only: ignored under DDP")
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [env.device.index] if env.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        return ParallelModel(wrapped, model, layout, dp_replicate, 1, notes=notes)
+    return _shard(model, policy_class, env, layout, dp_replicate, dp_shard, fsdp, precision)
+
+
+def _shard(
+    model: nn.Module,
+    policy_class: type,
+    env: DistEnv,
+    layout: Layout,
+    dp_replicate: int,
+    dp_shard: int,
+    fsdp: FSDPConfig,
+    precision: PrecisionPlan,
+) -> ParallelModel:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    units, rule = select_wrap_units(model, policy_class, fsdp)
+    check_tied_weights(model, [path for path, _ in units])
+    ignored, ignored_paths = ignored_parameters(model, fsdp.ignored_modules)
+    notes = []
+    if fsdp.cpu_offload:
+        # Pinned host memory needs a GPU; on a CPU-only box the policy still keeps the
+        # sharded parameters, gradients and optimizer state on the host (unpinned).
+        offload: Any = CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
+        if env.device.type == "cpu":
+            notes.append("cpu_offload on a CPU device: state already lives in host memory (unpinned offload policy)")
+    else:
+        offload = OffloadPolicy()
+    mesh = build_mesh(env, dp_replicate, dp_shard)
+    kwargs: dict[str, Any] = {"mesh": mesh, "offload_policy": offload, "ignored_params": set(ignored) or None}
+    if precision.uses_fsdp_policy:
+        kwargs["mp_policy"] = precision.fsdp_policy()
+    for _, unit in units:
+        fully_shard(unit, reshard_after_forward=fsdp.reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=None if fsdp.reshard_after_forward else False, **kwargs)
+    if ignored_paths:
+        notes.append(f"unsharded (ignored_modules): {', '.join(ignored_paths)}")
+    return ParallelModel(
+        module=model,
+        inner=model,
+        layout=layout,
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        mesh=mesh,
+        wrap_units=[path for path, _ in units],
+        wrap_classes=[rule],
+        ignored_params=ignored,
+        notes=notes,
+    )
+
+
+def all_reduce_ignored_grads(parallel: ParallelModel) -> None:
+    """Average the gradients of unsharded (ignored) parameters over all replicas by hand.
+
+    FSDP does not manage ignored parameters, so nothing else keeps their copies in step.
+    """
+    for p in parallel.ignored_params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(dist.get_world_size())
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, parallel: ParallelModel) -> float:
+    """Clip the global gradient norm over sharded and unsharded gradients alike.
+
+    For a DTensor gradient the local shard's squared sum is summed over the shard group
+    only (replicated mesh dims already hold the same values); plain gradients are whole.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    sharded_sq = torch.zeros((), dtype=torch.float64, device=parallel_device(parameters))
+    plain_sq = torch.zeros((), dtype=torch.float64, device=sharded_sq.device)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    for g in grads:
+        if isinstance(g, DTensor):
+            if any(isinstance(pl, Shard) for pl in g.placements):
+                sharded_sq += g.to_local().double().pow(2).sum()
+            else:
+                plain_sq += g.to_local().double().pow(2).sum()
+        else:
+            plain_sq += g.double().pow(2).sum()
+    if parallel.sharded and parallel.mesh is not None:
+        group = parallel.mesh.get_group("dp_shard")
+        dist.all_reduce(sharded_sq, group=group)
+    total = float((sharded_sq + plain_sq).sqrt())
+    if max_norm > 0 and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return total
+
+
+def parallel_device(parameters: list[nn.Parameter]) -> torch.device:
+    for p in parameters:
+        return p.device
+    return torch.device("cpu")

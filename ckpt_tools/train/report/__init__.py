@@ -1,0 +1,1 @@
+"""What a run tells its user: the start-up banner, logged metrics, trackio, process statistics."""

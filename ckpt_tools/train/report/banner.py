@@ -1,0 +1,50 @@
+"""The start-up banner: layout, batch factorization, precision, wrap units, checkpoints."""
+
+from __future__ import annotations
+
+from ckpt_tools.format.record import BatchFactorization, Topology
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.parallel.precision import PrecisionPlan
+from ckpt_tools.train.parallel.wrap import ParallelModel
+
+
+def banner_lines(
+    cfg: TrainConfig,
+    topology: Topology,
+    parallel: ParallelModel,
+    precision: PrecisionPlan,
+    n_params: int,
+    n_trainable: int,
+    dataset_size: int,
+    backend: str,
+) -> list[str]:
+    assert cfg.policy is not None
+    batch = BatchFactorization(cfg.batch_size, topology.dp_world_size, cfg.grad_accum_steps)
+    updates = -(-cfg.steps // cfg.grad_accum_steps)
+    samples = cfg.steps * batch.samples_per_step
+    lines = [
+        f"ckpt-train: policy {cfg.policy.type}, {n_params:,} parameters ({n_trainable:,} trainable)",
+        f"  layout      {topology.describe()}, backend {backend}",
+        f"  batch       {batch.describe()}",
+        f"              one step consumes {batch.samples_per_step} samples; {cfg.steps} steps ="
+        f" {updates} optimizer updates, {samples:,} samples ({samples / dataset_size:.2f} epochs of {dataset_size:,})",
+        f"  precision   {precision.describe()}",
+    ]
+    if parallel.sharded:
+        lines.append(
+            f"  wrap units  {len(parallel.wrap_units)} units ({', '.join(parallel.wrap_classes)}) + root;"
+            f" reshard_after_forward={cfg.accelerator.fsdp.reshard_after_forward},"
+            f" cpu_offload={cfg.accelerator.fsdp.cpu_offload}"
+        )
+    lr_line = f"  lr          {cfg.optimizer.lr:g} ({cfg.scheduler.type}); never scaled automatically"
+    if topology.dp_world_size > 1:
+        lr_line += (
+            f" - linear scaling from 1 process would be --optimizer.lr={cfg.optimizer.lr * topology.dp_world_size:g}"
+            f" or --steps={max(1, cfg.steps // topology.dp_world_size)}"
+        )
+    lines.append(lr_line)
+    if cfg.save_checkpoint:
+        fmt = cfg.checkpoint_format if parallel.sharded else "safetensors"
+        lines.append(f"  checkpoints every {cfg.save_freq} steps → {cfg.output_dir}/checkpoints (format {fmt})")
+    lines.extend(f"  note        {note}" for note in parallel.notes)
+    return lines

@@ -1,0 +1,80 @@
+"""Run real processes for tests: the CLIs, torch-free interpreters, torchrun jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NO_TORCH_DIR = Path(__file__).resolve().parent / "no_torch"
+
+
+def no_torch_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment in which ``import torch`` raises ImportError."""
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join([str(NO_TORCH_DIR), str(REPO), out.get("PYTHONPATH", "")])
+    return out
+
+
+def run_cli(
+    *args: str,
+    no_torch: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``ckpt-tools ARGS`` as a separate process (the installed entry point's module)."""
+    base = no_torch_env(env) if no_torch else dict(os.environ if env is None else env)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tools.cli", *args],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def script(name: str) -> str:
+    """Absolute path of an installed console script (e.g. ckpt-train)."""
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed: pip install -e '.[training,dev]'")
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_tree(pid: int, sig: int = 9) -> None:
+    """Send ``sig`` to a process and all its descendants at once (torchrun workers included).
+
+    torchrun starts its workers in their own sessions, so killing its process group alone
+    would leave them running.
+    """
+    targets = [pid, *descendants(pid)]
+    for target in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, sig)

@@ -1,0 +1,101 @@
+"""A fuzz campaign: hypothesis picks (seed checkpoint, mutation family, mutation seed) triples.
+
+Shared by the CI test (few examples, derandomized, fails on the first bad case and shrinks it)
+and ``bin/reliability-report`` (many examples, a recorded seed, counts everything and never
+stops). Every example is reproducible from its triple alone: ``run_case(seeds[i], family,
+rng_seed, workdir)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from devtools.reliability.fuzz_mutations import FAMILIES
+from devtools.reliability.fuzz_runner import CaseResult, Seed, run_case
+
+EXAMPLES_ENV = "CKPT_FUZZ_EXAMPLES"
+SEED_ENV = "CKPT_FUZZ_SEED"
+
+
+def examples_from_env(default: int) -> int:
+    return int(os.environ.get(EXAMPLES_ENV, default))
+
+
+def campaign(
+    seeds: Sequence[Seed],
+    examples: int,
+    workdir: Path,
+    on_result: Callable[[CaseResult], None],
+    *,
+    seed: int | None = None,
+    shrink: bool = True,
+    timeout: float = 60.0,
+) -> None:
+    """Run ``examples`` cases; ``seed`` None means derandomized (the same cases every run)."""
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=seed is None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        st.integers(0, len(seeds) - 1),
+        st.sampled_from(sorted(FAMILIES)),
+        st.integers(0, 2**31 - 1),
+    )
+    def one(index: int, family: str, rng_seed: int) -> None:
+        on_result(run_case(seeds[index], family, rng_seed, workdir, timeout=timeout))
+
+    if seed is not None:
+        one = hypothesis_seed(seed)(one)
+    one()
+
+
+@dataclass
+class FuzzTally:
+    """Counts for the report: cases, outcomes per reader, and every kind of violation."""
+
+    cases: int = 0
+    reader_runs: int = 0
+    by_status: Counter[str] = field(default_factory=Counter)
+    by_family: Counter[str] = field(default_factory=Counter)
+    tracebacks: int = 0  # reader raised something other than a one-line CkptError
+    hangs: int = 0
+    crashes: int = 0
+    memory_cap_hits: int = 0
+    code_executions: int = 0
+    outside_writes: int = 0
+    sources_deleted: int = 0
+    wrong_accepts: int = 0  # a reader succeeded where it must refuse, or converted wrong bytes
+    violations: list[str] = field(default_factory=list)
+
+    def add(self, result: CaseResult) -> None:
+        self.cases += 1
+        self.by_family[result.family] += 1
+        for r in result.readers.values():
+            self.reader_runs += 1
+            self.by_status[r.get("status", "?")] += 1
+        self.tracebacks += sum(r.get("status") == "bug" for r in result.readers.values())
+        self.tracebacks += sum("traceback" in v or "without exactly one" in v for v in result.violations)
+        self.memory_cap_hits += sum(r.get("status") == "memory" for r in result.readers.values())
+        self.hangs += result.child == "timeout"
+        self.crashes += result.child == "crash"
+        self.code_executions += result.code_executed
+        self.outside_writes += len(result.outside_writes)
+        self.sources_deleted += len(result.sources_deleted)
+        self.wrong_accepts += sum(("must refuse" in v or "different bytes" in v) for v in result.violations)
+        if result.violations:
+            head = f"[{result.seed} {result.family} {result.target}] {result.detail}"
+            self.violations.append(head + "\n    " + "\n    ".join(v[:800] for v in result.violations))

@@ -1,0 +1,172 @@
+"""Launch the real training entry point: plain, under torchrun, or under accelerate launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from devtools.procs import REPO, kill_tree
+
+FIXTURE_DATASET = REPO / "fixtures" / "tiny_robot"
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+
+# Small and fast: every multi-process launch costs seconds of start-up on 2 cores.
+TINY = [
+    f"--dataset.root={FIXTURE_DATASET}",
+    "--policy.type=act",
+    "--policy.dim_model=32",
+    "--policy.dim_feedforward=64",
+    "--policy.n_heads=2",
+    "--batch_size=8",
+    "--optimizer.lr=1e-3",
+    "--log_freq=1",
+    "--progress_bar=false",
+]
+
+
+def script(name: str) -> str:
+    path = SCRIPTS / name
+    if not path.exists():
+        raise RuntimeError(f"{path} missing: pip install -e '.[training,dev]'")
+    return str(path)
+
+
+def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every test launch of ckpt-train gets (one BLAS thread, no env override)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("LEROBOT_ALLOW_ACCELERATE_ENV", None)
+    env.update(extra or {})
+    return env
+
+
+def train(
+    *args: str, nproc: int = 1, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ckpt-train; nproc > 1 goes through a real ``torchrun --standalone``."""
+    return subprocess.run(
+        train_command(args, nproc), env=train_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def train_command(args: Sequence[str], nproc: int) -> list[str]:
+    """``ckpt-train ARGS``, under ``torchrun --standalone`` when ``nproc`` > 1."""
+    if nproc == 1:
+        return [script("ckpt-train"), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script("ckpt-train"),
+        *args,
+    ]
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+    )
+    return proc
+
+
+def _records(output_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def metrics(output_dir: Path) -> list[dict[str, Any]]:
+    """The logged training steps (not the checkpoint / first-step events)."""
+    return [r for r in _records(output_dir) if "event" not in r]
+
+
+def events(output_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in _records(output_dir) if r.get("event") == kind]
+
+
+def losses(output_dir: Path) -> list[float]:
+    return [m["loss"] for m in metrics(output_dir)]
+
+
+def step_dir(output_dir: Path, step: int) -> Path:
+    return output_dir / "checkpoints" / f"{step:06d}"
+
+
+def gathered_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(step_dir(output_dir, step) / "pretrained_model" / "model.safetensors"))
+
+
+def dcp_to_dict(dcp_dir: Path, tmp: Path) -> dict[str, Any]:
+    """torch's own reading of a DCP dir (the reference the tools are compared with)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / f"{dcp_dir.parent.parent.name}-{dcp_dir.name}.pt"
+    dcp_to_torch_save(dcp_dir, out)
+    return torch.load(out, weights_only=False)
+
+
+def assert_tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def sample_log(output_dir: Path) -> dict[int, dict[int, list[int]]]:
+    """rank → step → dataset indices, from ``--log_samples=true``."""
+    out: dict[int, dict[int, list[int]]] = {}
+    for path in sorted((output_dir / "samples").glob("rank*.jsonl")):
+        rank = int(path.stem.removeprefix("rank"))
+        out[rank] = {}
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            out[rank][record["step"]] = record["indices"]
+    return out
+
+
+# Big enough that a save takes a noticeable fraction of a second on this disk.
+MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.dim_feedforward"))] + [
+    "--policy.dim_model=512",
+    "--policy.dim_feedforward=2048",
+]
+
+
+def kill_during_save(out: Path, args: list[str], timeout: float = 240) -> Path:
+    """Start a 2-rank FSDP job, SIGKILL all of it while a save after the first one is in flight."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        script("ckpt-train"),
+        *args,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = out / "checkpoints"
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            partials = [p for p in root.glob(".*.partial")] if (root / "last").exists() else []
+            if partials:
+                kill_tree(proc.pid)
+                proc.wait()
+                return partials[0]
+            if proc.poll() is not None:
+                break
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+    raise AssertionError("the job ended before a second save could be interrupted")

@@ -1,0 +1,79 @@
+"""``convert-dcp --push-to-hub``: publish only after a verified conversion; delete shards only after the push.
+
+Uses the loopback Hub of tests/support/hub_server.py with the real huggingface_hub client.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devtools.procs import script
+from tests.support.dcp_fixtures import FSDP2_STEP, copy_tree, tree_digest, written_checkpoints
+from tests.support.hub_fixtures import (
+    HubEndpoint,
+    hub,  # noqa: F401  (fixture)
+)
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return written_checkpoints(tmp_path_factory)
+
+
+def test_seed_alias_pushes_then_deletes_the_shards(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:  # noqa: F811
+    step = copy_tree(ckpts / FSDP2_STEP, tmp_path / "000010")
+    proc = subprocess.run(
+        [
+            script("lerobot-convert-dcp"),
+            f"--checkpoint_dir={step}",
+            "--delete_dcp=true",
+            f"--push_to_hub={hub.user}/tiny",
+            "--quiet=true",
+        ],
+        env=hub.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    pm = step / "pretrained_model"
+    assert not (pm / "pytorch_model_fsdp_0").exists()
+    uploaded = hub.server.files(f"{hub.user}/tiny")
+    assert uploaded["model.safetensors"] == (pm / "model.safetensors").read_bytes()
+    assert not any("distcp" in name or name.startswith("pytorch_model_fsdp_0") for name in uploaded)
+    assert hub.token not in proc.stdout + proc.stderr
+
+
+def test_failed_push_keeps_shards_and_converted_files(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:  # noqa: F811
+    step = copy_tree(ckpts / FSDP2_STEP, tmp_path / "000010")
+    shards = tree_digest(step / "pretrained_model" / "pytorch_model_fsdp_0")
+    hub.server.faults.fail("create_repo", 500, times=10)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tools.cli", "convert-dcp", str(step), "--delete-dcp", "--push-to-hub", "alice/x"],
+        env={**hub.env, "CKPT_TOOLS_HUB_TIMEOUT": "20"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 5, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr
+    assert tree_digest(step / "pretrained_model" / "pytorch_model_fsdp_0") == shards
+    assert (step / "pretrained_model" / "model.safetensors").is_file()  # converted and verified, kept
+
+
+def test_bad_repo_id_is_refused_before_any_work(ckpts: Path, tmp_path: Path) -> None:
+    step = copy_tree(ckpts / FSDP2_STEP, tmp_path / "000010")
+    before = tree_digest(step)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tools.cli", "convert-dcp", str(step), "--push-to-hub", "not a repo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--push-to-hub" in proc.stderr
+    assert tree_digest(step) == before

@@ -1,0 +1,111 @@
+"""training_step.json: round trip, older and foreign records, batch factorization."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format.record import (
+    SCHEMA_VERSION,
+    BatchFactorization,
+    Layout,
+    SamplerPosition,
+    Topology,
+    TrainingStep,
+    layout_for,
+    read_training_step,
+    training_step_json,
+)
+
+
+def full_record() -> TrainingStep:
+    return TrainingStep(
+        step=40,
+        samples_seen=640,
+        optimizer_steps=20,
+        dp_world_size=4,
+        batch_size=8,
+        grad_accum_steps=2,
+        mixed_precision="bf16",
+        checkpoint_format="dcp",
+        topology=Topology(world_size=4, dp_replicate=2, dp_shard=2, nnodes=1),
+        sampler=SamplerPosition(epoch=0, offset=640, seed=1000, dataset_size=2000),
+        sharded=True,
+        peft=False,
+        versions={"torch": "2.13.0", "ckpt_tools": "0.1.0"},
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "training_step.json"
+    path.write_text(training_step_json(full_record()))
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["topology"]["layout"] == "hsdp"
+    assert data["effective_batch_size"] == 64
+    back = read_training_step(path)
+    assert back.unknown == ()
+    assert back.topology == full_record().topology
+    assert back.sampler == full_record().sampler
+    assert back.batch == BatchFactorization(8, 4, 2)
+    assert not back.is_legacy
+
+
+def test_legacy_record_says_what_is_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "training_step.json"
+    path.write_text(json.dumps({"step": 5000, "num_processes": 4}))
+    record = read_training_step(path)
+    assert record.is_legacy
+    assert record.legacy_num_processes == 4
+    assert "topology" in record.unknown and "sampler" in record.unknown
+    summary = record.unknown_summary()
+    assert summary is not None and "0.6.x" in summary and "topology" in summary
+
+
+def test_foreign_record_keeps_extra_keys() -> None:
+    record = TrainingStep.from_dict({"step": 3, "batch_size": 2, "wandb_run": "x"})
+    assert record.extra == {"wandb_run": "x"}
+    assert record.batch_size == 2
+    assert "dp_world_size" in record.unknown
+    assert record.batch is None
+
+
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        ({"num_processes": 2}, "no 'step'"),
+        ({"step": "ten"}, "'step' must be a non-negative integer"),
+        ({"step": 1, "sharded": "yes"}, "'sharded' must be true or false"),
+        ({"step": 1, "topology": {"world_size": 4, "dp_replicate": 3, "dp_shard": 2}}, "≠ world_size 4"),
+        ({"step": 1, "topology": [1, 2]}, "'topology' must be an object"),
+        ([1, 2, 3], "expected a JSON object"),
+    ],
+)
+def test_bad_records_give_one_clear_line(payload: object, needle: str) -> None:
+    with pytest.raises(CheckpointError) as info:
+        TrainingStep.from_dict(payload)  # type: ignore[arg-type]
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_read_missing_and_invalid(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="missing"):
+        read_training_step(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_training_step(bad)
+
+
+def test_layouts() -> None:
+    assert layout_for(1, 1, 1) is Layout.SINGLE
+    assert layout_for(2, 2, 1) is Layout.DDP
+    assert layout_for(2, 1, 2) is Layout.FSDP
+    assert layout_for(4, 2, 2) is Layout.HSDP
+    assert Layout.HSDP.sharded and not Layout.DDP.sharded
+    with pytest.raises(ValueError):
+        layout_for(4, 3, 1)
+    assert Topology(4, 2, 2).describe().startswith("HSDP over 2×2")

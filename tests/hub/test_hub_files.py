@@ -1,0 +1,137 @@
+"""What a Hub push would upload from a folder, and the folders it refuses - decided before any network call."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.format import layout
+from ckpt_tools.hub import check_repo_id, plan_publish, resolve_publish_folder
+from devtools.procs import run_cli
+from tests.support.hub_data import PUBLISHED, PUBLISHED_PEFT, make_step_dir
+
+
+def test_step_dir_publishes_only_top_level_weights_and_json(tmp_path: Path) -> None:
+    step = make_step_dir(tmp_path)
+    plan = plan_publish(step.pretrained_model)
+    assert tuple(f.name for f in plan.files) == PUBLISHED
+    assert set(plan.skipped) == {"pytorch_model_fsdp_0/", ".model.safetensors.x1y2.tmp", "notes.txt"}
+    assert [f.name for f in plan.weights] == ["model.safetensors"]
+    assert plan.weights[0].dtypes == ("F32",)
+    assert plan.weights[0].num_values == 64 * 32 + 64 + 8 * 64
+    assert plan.training_step_path == step.training_state / layout.TRAINING_STEP
+
+
+def test_peft_step_dir_publishes_the_adapter(tmp_path: Path) -> None:
+    step = make_step_dir(tmp_path, peft=True)
+    assert tuple(f.name for f in plan_publish(step.pretrained_model).files) == PUBLISHED_PEFT
+
+
+def test_paths_a_user_may_type_resolve_to_the_pretrained_model_dir(tmp_path: Path) -> None:
+    step = make_step_dir(tmp_path)
+    pm = step.pretrained_model
+    assert resolve_publish_folder(pm) == pm
+    assert resolve_publish_folder(step.root) == pm
+    assert resolve_publish_folder(step.checkpoints).resolve() == pm.resolve()  # via `last`
+    assert resolve_publish_folder(step.output_dir).resolve() == pm.resolve()  # the dir holding checkpoints/
+    with pytest.raises(UsageError, match="training_state/ is never published"):
+        resolve_publish_folder(step.training_state)
+    with pytest.raises(UsageError, match="must be a directory"):
+        resolve_publish_folder(pm / "model.safetensors")
+    with pytest.raises(CheckpointError, match="no such directory"):
+        resolve_publish_folder(tmp_path / "missing")
+
+
+def test_dcp_only_checkpoint_is_refused_with_the_conversion_to_run(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    for f in pm.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match=r"only as DCP shards \(pytorch_model_fsdp_0/\).*convert-dcp"):
+        plan_publish(pm)
+
+
+def test_folder_without_weights_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="nothing to publish"):
+        plan_publish(tmp_path)
+
+
+def test_truncated_safetensors_is_refused(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    weights = pm / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])
+    with pytest.raises(CheckpointError, match="not a complete safetensors file"):
+        plan_publish(pm)
+
+
+def test_sharded_index_naming_a_missing_shard_is_refused(tmp_path: Path) -> None:
+    save_file({"a": np.zeros(3, np.float32)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors"):
+        plan_publish(tmp_path)
+    save_file({"b": np.zeros(3, np.float32)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert len(plan_publish(tmp_path).weights) == 2
+
+
+def test_malformed_json_is_refused(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    (pm / "config.json").write_text('{"type": "act",')
+    with pytest.raises(CheckpointError, match=r"config.json: not valid JSON"):
+        plan_publish(pm)
+
+
+def test_link_to_a_file_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    outside = tmp_path / "secret.json"
+    outside.write_text("{}")
+    (pm / "extra.json").symlink_to(outside)
+    with pytest.raises(CheckpointError, match="outside"):
+        plan_publish(pm)
+    (pm / "extra.json").unlink()
+    (pm / "alias.json").symlink_to("config.json")  # inside the folder: fine
+    assert "alias.json" in {f.name for f in plan_publish(pm).files}
+
+
+def test_a_file_holding_the_token_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    token = "hf_" + "ab12" * 8
+    config = json.loads((pm / "train_config.json").read_text())
+    config["hub_token"] = token
+    (pm / "train_config.json").write_text(json.dumps(config))
+    plan = plan_publish(pm)
+    with pytest.raises(CheckpointError, match="contains your Hugging Face token") as err:
+        plan.refuse_secrets((token,))
+    assert token not in str(err.value)
+    plan.refuse_secrets(("hf_" + "cd34" * 8,))  # another token: nothing to refuse
+
+
+@pytest.mark.parametrize("repo_id", ["alice", "alice/", "/model", "a/b/c", "alice/my model", "alice/-x", "al..ice/x"])
+def test_malformed_repo_ids_are_refused(repo_id: str) -> None:
+    with pytest.raises(UsageError, match="--repo-id"):
+        check_repo_id(repo_id)
+
+
+def test_cli_refusals_are_one_line_with_their_exit_code(tmp_path: Path) -> None:
+    pm = make_step_dir(tmp_path).pretrained_model
+    before = sorted(os.listdir(pm))
+    bad_id = run_cli("push", str(pm), "--repo-id", "not-a-repo-id", no_torch=True)
+    for f in pm.glob("*.safetensors"):
+        f.unlink()
+    dcp_only = run_cli("push", str(pm), "--repo-id", "alice/act", no_torch=True)
+    assert bad_id.returncode == 2 and dcp_only.returncode == 3
+    for proc in (bad_id, dcp_only):
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert "convert-dcp" in dcp_only.stderr
+    assert sorted(os.listdir(pm)) == [n for n in before if not n.endswith(".safetensors")]

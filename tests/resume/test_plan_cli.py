@@ -1,0 +1,76 @@
+"""``ckpt-tools reshard-plan`` as a user runs it: no torch, human and JSON output, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ckpt_tools.resume.plan import plan_reshard
+from devtools.procs import run_cli
+from devtools.training import step_dir
+
+
+def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Path]) -> None:
+    src = step_dir(runs["fsdp"], 4)
+    args = ["reshard-plan", str(src), "--nproc", "4", "--dp-replicate", "2", "--dp-shard", "2"]
+    args += ["--checkpoint-format", "dcp", "--batch-size", "4"]
+    human = run_cli(*args, no_torch=True)
+    assert human.returncode == 0, human.stderr
+    out = human.stdout
+    assert "FSDP over 2 shards" in out and "HSDP over 2×2" in out
+    header = next(line for line in out.splitlines() if line.strip().startswith("rank"))
+    assert all(col in header for col in ("weights read", "optim read", "params", "grads", "optim state", "resident"))
+    assert "KiB" in out and "pytorch_model_fsdp_0/__0_0.distcp" in out
+    assert "before     effective batch 16 = batch_size 8 × dp_world_size 2" in out
+    assert "after      effective batch 16 = batch_size 4" in out
+    assert "data order not sample-exact" in out and "epoch 0, offset 64" in out
+    assert "verdict: the resume can work" in out
+    machine = run_cli(*args, "--json", no_torch=True)
+    assert machine.returncode == 0, machine.stderr
+    doc = json.loads(machine.stdout)
+    api = plan_reshard(src, nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", batch_size=4).to_dict()
+    assert doc == json.loads(json.dumps(api))
+    assert doc["workable"] and doc["batch_after"]["effective_batch_size"] == 16
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    assert doc["suggestion"]["lr_after"] == doc["suggestion"]["lr_before"]  # same effective batch
+
+
+def test_plan_says_what_cannot_work(runs: dict[str, Path], tmp_path: Path) -> None:
+    proc = run_cli("reshard-plan", str(runs["fsdp"] / "checkpoints"), "--nproc", "1", no_torch=True)
+    assert proc.returncode == 1
+    assert "Cannot work" in proc.stdout and "≠ world size 1" in proc.stdout and "--dp-shard 1" in proc.stdout
+    assert "verdict: CANNOT WORK (1 blocker)" in proc.stdout
+    doc = json.loads(run_cli("reshard-plan", str(runs["fsdp"]), "--nproc", "1", "--json", no_torch=True).stdout)
+    assert not doc["workable"] and doc["ranks"] == [] and doc["blockers"][0].startswith("topology:")
+
+
+def test_plan_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    cases = [
+        (["reshard-plan", str(tmp_path / "nothing"), "--nproc", "2"], 3, "no such file or directory"),
+        (["reshard-plan", str(tmp_path), "--nproc", "2"], 3, "not a checkpoint"),
+        (
+            ["reshard-plan", str(runs["fsdp"]), "--nproc", "3", "--dp-replicate", "2", "--dp-shard", "2"],
+            2,
+            "≠ --nproc 3",
+        ),
+        (["reshard-plan", str(runs["fsdp"]), "--nproc", "0"], 2, "--nproc=0"),
+        (["reshard-plan", str(runs["fsdp"]), "--nproc", "4", "--nnodes", "3"], 2, "--nnodes=3"),
+    ]
+    for args, code, text in cases:
+        proc = run_cli(*args, no_torch=True)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == code, (args, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], (args, proc.stderr)
+
+
+def test_plan_nodes_note_and_help(runs: dict[str, Path]) -> None:
+    doc = json.loads(
+        run_cli(
+            "reshard-plan", str(runs["hsdp"]), "--nproc", "4", "--dp-shard", "4", "--dp-replicate", "1",
+            "--nnodes", "2", "--json", no_torch=True,
+        ).stdout
+    )  # fmt: skip
+    assert [r["node"] for r in doc["ranks"]] == [0, 0, 1, 1]
+    assert any("span nodes" in note for note in doc["notes"])
+    helptext = run_cli("reshard-plan", "--help", no_torch=True).stdout
+    assert "Examples:" in helptext and "--dp-replicate 2 --dp-shard 2" in helptext and "Exit codes" in helptext

@@ -1,0 +1,130 @@
+"""The rules reshard-plan is built on, held against torch's and the training core's own code.
+
+- FSDP2 dim-0 placement vs ``Shard.local_shard_size_and_offset`` (uneven tails, empty shards);
+- the DCP read emulation vs ``create_read_items_for_chunk_list`` on random saved chunkings;
+- the target resolution vs ``TrainConfig.resolve_parallelism`` / ``validate_for_world``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties, TensorStorageMetadata
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor.placement_types import Shard
+
+from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
+from ckpt_tools.dcp.metadata import DcpMetadata
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.train_config import SavedConfig
+from ckpt_tools.resume.placement import dim0_shard, local_box
+from ckpt_tools.resume.reads import ChunkLookup
+from ckpt_tools.resume.target import TargetRequest, resolve_target
+
+
+@settings(max_examples=300, deadline=None)
+@given(dim0=st.integers(0, 70), shards=st.integers(1, 12), data=st.data())
+def test_dim0_shard_matches_torch(dim0: int, shards: int, data: st.DataObject) -> None:
+    index = data.draw(st.integers(0, shards - 1))
+    rows, offset = Shard.local_shard_size_and_offset(dim0, shards, index)
+    assert dim0_shard(dim0, shards, index) == (offset, rows)
+
+
+def test_hsdp_rank_takes_its_dp_shard_coordinate() -> None:
+    hsdp = Topology(world_size=6, dp_replicate=2, dp_shard=3)
+    # rank 4 sits at (1, 1) of the (2, 3) mesh: rows 3..5 of 7 (chunk size 3), like rank 1.
+    assert local_box((7, 5), hsdp, 4, sharded=True) == ((3, 0), (3, 5))
+    assert local_box((7, 5), hsdp, 5, sharded=True) == ((6, 0), (1, 5))
+    assert local_box((2, 5), hsdp, 5, sharded=True) == ((2, 0), (0, 5))  # empty shard at offset dim0
+    assert local_box((), hsdp, 5, sharded=True) == ((), ())
+    assert local_box((7, 5), Topology(3, 3, 1), 2, sharded=True) == ((0, 0), (7, 5))  # DDP: whole
+
+
+def _saved_chunks(shape: tuple[int, ...], cuts: list[int], cols: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Dim-0 cuts, optionally also split in two along dim 1 (a 2-D sharded save)."""
+    bounds = sorted({0, shape[0], *(c for c in cuts if 0 < c < shape[0])})
+    rows = list(itertools.pairwise(bounds))
+    if len(shape) == 1 or cols <= 1 or shape[1] < 2:
+        return [((a, *([0] * (len(shape) - 1))), (b - a, *shape[1:])) for a, b in rows]
+    half = shape[1] // 2
+    out = []
+    for a, b in rows:
+        out.append(((a, 0), (b - a, half)))
+        out.append(((a, half), (b - a, shape[1] - half)))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dim0=st.integers(1, 40),
+    dim1=st.integers(1, 6),
+    ndim=st.sampled_from([1, 2]),
+    cuts=st.lists(st.integers(0, 40), max_size=5),
+    cols=st.integers(1, 2),
+    world=st.integers(1, 6),
+    sharded=st.booleans(),
+)
+def test_read_emulation_matches_dcp_planner(
+    dim0: int, dim1: int, ndim: int, cuts: list[int], cols: int, world: int, sharded: bool
+) -> None:
+    shape = (dim0, dim1)[:ndim]
+    saved = _saved_chunks(shape, cuts, cols)
+    # Each saved chunk lives in its own span of a rank file, with a distinctive length.
+    chunks = tuple(
+        Chunk(offsets, sizes, f"__{i % 3}_0.distcp", 1000 * i, 100 + i) for i, (offsets, sizes) in enumerate(saved)
+    )
+    entry = TensorEntry("model.w", ("model", "w"), "float32", shape, chunks)
+    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {"model.w": entry}, {}, {})
+    saved_md = [ChunkStorageMetadata(list(o), list(s)) for o, s in saved]  # type: ignore[arg-type]
+    md = TensorStorageMetadata(TensorProperties(), shape, saved_md)
+    topology = Topology(world, 1, world) if world > 1 else Topology(1, 1, 1)
+    for rank in range(world):
+        box = local_box(shape, topology, rank, sharded=sharded)
+        items = create_read_items_for_chunk_list("model.w", md, [ChunkStorageMetadata(list(box[0]), list(box[1]))])
+        expected: Counter[str] = Counter()
+        for item in items:
+            chunk = chunks[item.storage_index.index]
+            expected[chunk.file] += chunk.length
+        got = ChunkLookup(index).count([("model.w", box)], byte_items=False)
+        assert dict(got.bytes) == dict(expected), (rank, box, saved)
+
+
+def test_zero_dim_tensor_is_read_whole_on_every_rank() -> None:
+    entry = TensorEntry(
+        "optimizer.state.w.step",
+        ("optimizer", "state", "w", "step"),
+        "float32",
+        (),
+        (Chunk((), (), "__1_0.distcp", 0, 77),),
+    )
+    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {entry.fqn: entry}, {}, {})
+    topology = Topology(4, 2, 2)
+    for rank in range(4):
+        got = ChunkLookup(index).count([(entry.fqn, local_box((), topology, rank, sharded=True))], byte_items=False)
+        assert dict(got.bytes) == {"__1_0.distcp": 77}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "dcp", "safetensors_dcp"])
+def test_target_resolution_mirrors_the_training_core(fmt: str, tmp_path: Path) -> None:
+    """Same verdict and (R, S) as the training core's start-up rules, from its own saved config."""
+    from ckpt_tools.train.checkpoint.manager import train_config_dict
+    from ckpt_tools.train.config import ParallelismConfig, TrainConfig
+
+    record = TrainingStep(step=1, topology=Topology(2, 1, 2))
+    for world, r, s in itertools.product([1, 2, 3, 4, 6], [-1, 0, 1, 2, 3], [-2, -1, 0, 1, 2, 4]):
+        cfg = TrainConfig(parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s), checkpoint_format=fmt)
+        try:
+            expected = cfg.validate_for_world(world)
+        except ConfigError:
+            expected = None
+        saved = SavedConfig(tmp_path / "train_config.json", train_config_dict(cfg))
+        target = resolve_target(saved, record, TargetRequest(nproc=world))
+        got = (target.topology.dp_replicate, target.topology.dp_shard) if target.topology else None
+        assert (got if not target.problems else None) == expected, (world, r, s, target.problems)
+        assert bool(target.problems) == (expected is None)

@@ -1,0 +1,77 @@
+"""``ckpt-tools verify-resume`` as CI runs it: no torch, PASS/WARN/FAIL lines, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from devtools.procs import REPO, run_cli
+from devtools.training import step_dir
+
+
+def test_resumable_checkpoint_human_output(runs: dict[str, Path]) -> None:
+    proc = run_cli("verify-resume", str(runs["hsdp"] / "checkpoints"), no_torch=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verify-resume ") and lines[0].endswith("(step 8)")
+    marks = [line.split()[0] for line in lines[2:-1]]
+    assert set(marks) == {"PASS"} and len(marks) >= 12
+    # Names are padded to one column, so the messages start at one column.
+    width = max(len(line.split()[1]) for line in lines[2:-1])
+    assert {line[8 + width : 8 + width + 2] for line in lines[2:-1]} == {"  "}
+    assert all(line[8 + width + 2] != " " for line in lines[2:-1])
+    assert lines[-1] == "resumable"
+
+
+def test_warnings_pass_unless_strict(runs: dict[str, Path]) -> None:
+    args = ["verify-resume", str(runs["hsdp"]), "--nproc", "2", "--dp-replicate", "1", "--dp-shard", "2"]
+    relaxed = run_cli(*args, no_torch=True)
+    assert relaxed.returncode == 0, relaxed.stderr
+    assert "WARN  data-order" in relaxed.stdout and relaxed.stdout.splitlines()[-1] == "resumable (2 warnings)"
+    strict = run_cli(*args, "--strict", "--json", no_torch=True)
+    assert strict.returncode == 1
+    doc = json.loads(strict.stdout)
+    assert doc["strict"] and not doc["resumable"]
+    assert {c["name"] for c in doc["checks"] if c["status"] == "warn"} == {"data-order", "effective-batch"}
+
+
+def test_broken_checkpoint_fails_with_json(runs: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoints" / "000004"
+    shutil.copytree(step_dir(runs["fsdp"], 4), ckpt)
+    (ckpt / "training_state/rng_state.safetensors").unlink()
+    proc = run_cli("verify-resume", str(ckpt / "pretrained_model"), "--json", no_torch=True)
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["resumable"] is False and doc["step"] == 4
+    assert [c["name"] for c in doc["checks"] if c["status"] == "fail"] == ["rng-state"]
+    human = run_cli("verify-resume", str(ckpt), no_torch=True)
+    assert "FAIL  rng-state" in human.stdout and human.stdout.splitlines()[-1] == "NOT RESUMABLE: 1 check failed"
+
+
+def test_config_flag_and_legacy(runs: dict[str, Path], tmp_path: Path) -> None:
+    config = json.loads((step_dir(runs["fsdp"], 4) / "pretrained_model/train_config.json").read_text())
+    config["parallelism"] = {"dp_replicate": 2, "dp_shard": 2}
+    next_run = tmp_path / "train_config.json"
+    next_run.write_text(json.dumps(config))
+    proc = run_cli("verify-resume", str(runs["fsdp"]), "--config", str(next_run), "--json", no_torch=True)
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["target"].startswith("HSDP over 2×2")
+    legacy = run_cli("verify-resume", str(REPO / "fixtures/legacy_0_6_x"), no_torch=True)
+    assert legacy.returncode == 1 and "FAIL  layout" in legacy.stdout and "a 0.6.x-era checkpoint" in legacy.stdout
+
+
+def test_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    cases = [
+        (["verify-resume", str(tmp_path / "nothing")], 3, "no such file or directory"),
+        (["verify-resume", str(runs["fsdp"]), "--config", str(tmp_path / "none.json")], 3, "none.json: missing"),
+        (["verify-resume", str(runs["fsdp"]), "--dp-shard", "0"], 2, "--dp-shard=0"),
+        (["verify-resume", str(runs["fsdp"]), "--mixed-precision", "fp8"], 2, "--mixed-precision=fp8"),
+    ]
+    for args, code, text in cases:
+        proc = run_cli(*args, no_torch=True)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == code, (args, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], (args, proc.stderr)
+    helptext = run_cli("verify-resume", "--help", no_torch=True).stdout
+    assert "Examples:" in helptext and "--strict" in helptext and "Exit codes" in helptext

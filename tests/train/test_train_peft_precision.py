@@ -1,0 +1,260 @@
+"""PEFT (LoRA) on FSDP2/HSDP with adapter-only checkpoints; bf16 / fp16 mixed precision; FSDP options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from devtools.procs import REPO
+from devtools.training import TINY, dcp_to_dict, losses, ok, step_dir, train
+
+pytestmark = pytest.mark.torchrun
+
+BASE_FLAGS = [a for a in TINY if not a.startswith("--policy.")]
+LORA = ["--peft.method_type=LORA", "--peft.r=4", "--optimizer.lr=5e-3"]
+
+
+@pytest.fixture(scope="module")
+def base_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("base") / "run"
+    ok(train(*TINY, "--steps=2", "--save_freq=2", f"--output_dir={out}"))
+    return step_dir(out, 2) / "pretrained_model"
+
+
+@pytest.fixture(scope="module")
+def lora_runs(base_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora")
+    runs = {"fsdp": root / "fsdp", "hsdp": root / "hsdp"}
+    common = [*BASE_FLAGS, f"--policy.path={base_policy}", *LORA, "--steps=4", "--save_freq=2"]
+    ok(
+        train(
+            *common,
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={runs['fsdp']}",
+            nproc=2,
+        )
+    )
+    ok(
+        train(
+            *common,
+            "--batch_size=4",
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=dcp",
+            f"--output_dir={runs['hsdp']}",
+            nproc=4,
+        )
+    )
+    return runs
+
+
+def test_lora_checkpoints_hold_only_the_adapter(lora_runs: dict[str, Path], base_policy: Path, tmp_path: Path) -> None:
+    for name, run in lora_runs.items():
+        pm = step_dir(run, 4) / "pretrained_model"
+        assert not (pm / "model.safetensors").exists(), name
+        config = json.loads((pm / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(base_policy)
+        shards = dcp_to_dict(pm / "pytorch_model_fsdp_0", tmp_path)["model"]
+        assert shards and all("lora_" in k for k in shards), name
+        optimizer = dcp_to_dict(step_dir(run, 4) / "training_state/optimizer_0", tmp_path)["optimizer"]["state"]
+        assert set(optimizer) == set(shards), name  # only adapter parameters are trained
+    with safe_open(str(step_dir(lora_runs["fsdp"], 4) / "pretrained_model/adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and all(".lora_A.weight" in k or ".lora_B.weight" in k for k in keys)
+    assert not (step_dir(lora_runs["hsdp"], 4) / "pretrained_model/adapter_model.safetensors").exists()
+    adapter = load_file(str(step_dir(lora_runs["fsdp"], 4) / "pretrained_model/adapter_model.safetensors"))
+    assert all(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # zero-initialised, then trained
+
+
+def test_lora_resume_is_bit_exact_and_base_stays_sharded(
+    lora_runs: dict[str, Path], base_policy: Path, tmp_path: Path
+) -> None:
+    src = lora_runs["fsdp"]
+    out = tmp_path / "resumed"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step_dir(src, 2), out / "checkpoints" / "000002")
+    ok(train("--resume=true", f"--config_path={out / 'checkpoints/000002'}", f"--output_dir={out}", nproc=2))
+    name = "pretrained_model/adapter_model.safetensors"
+    a, b = load_file(str(step_dir(out, 4) / name)), load_file(str(step_dir(src, 4) / name))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Each rank holds its half of the frozen base (plus its half of the adapter), never all of it.
+    audits = [json.loads((out / "resume_audit" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    full = sum(t.numel() * 4 for t in load_file(str(base_policy / "model.safetensors")).values())
+    adapter_bytes = sum(t.numel() * 4 for t in a.values())
+    assert sum(x["resident"]["params"] for x in audits) == full + adapter_bytes
+    assert all(x["resident"]["params"] < 0.6 * (full + adapter_bytes) for x in audits)
+    assert all(x["resident"]["grads"] < 0.6 * adapter_bytes + 4096 for x in audits)  # only adapter grads
+
+
+def test_lora_resumes_onto_one_process(lora_runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "single"
+    ok(
+        train(
+            "--resume=true",
+            f"--config_path={step_dir(lora_runs['hsdp'], 4)}",
+            f"--output_dir={out}",
+            "--parallelism.dp_replicate=1",
+            "--parallelism.dp_shard=1",
+            "--checkpoint_format=safetensors",
+        )
+    )
+    restored = load_file(str(step_dir(out, 4) / "pretrained_model/adapter_model.safetensors"))
+    shards = dcp_to_dict(step_dir(lora_runs["hsdp"], 4) / "pretrained_model/pytorch_model_fsdp_0", tmp_path)["model"]
+    assert {k.replace(".default.", "."): v for k, v in shards.items()}.keys() == restored.keys()
+    assert all(torch.equal(v, restored[k.replace(".default.", ".")]) for k, v in shards.items())
+
+
+def test_converted_adapter_loads_with_peft_and_reproduces_outputs(
+    lora_runs: dict[str, Path], base_policy: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+
+    from ckpt_tools.convert import convert_dcp
+    from ckpt_tools.train.policies import policy_from_pretrained
+
+    pm = step_dir(lora_runs["fsdp"], 4) / "pretrained_model"
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    shutil.copy(pm / "adapter_config.json", converted)
+    convert_dcp(pm, output=converted, progress=False)
+    batch = {"observation.state": torch.randn(3, 14, generator=torch.Generator().manual_seed(0))}
+
+    def outputs(adapter_dir: Path | None) -> torch.Tensor:
+        policy = policy_from_pretrained(base_policy).eval()
+        model = PeftModel.from_pretrained(policy, str(adapter_dir)).eval() if adapter_dir else policy
+        with torch.no_grad():
+            return (
+                model.base_model.model.predict_action_chunk(batch)
+                if adapter_dir
+                else policy.predict_action_chunk(batch)
+            )
+
+    trained, from_converted = outputs(pm), outputs(converted)
+    assert torch.equal(trained, from_converted)
+    assert not torch.equal(trained, outputs(None))
+    # A dcp-only PEFT checkpoint is not a --policy.path until converted.
+    dcp_only = step_dir(lora_runs["hsdp"], 4) / "pretrained_model"
+    proc = train(*BASE_FLAGS, f"--policy.path={dcp_only}", "--steps=1", f"--output_dir={tmp_path / 'x'}")
+    assert proc.returncode == 2 and "run `ckpt-tools convert-dcp --checkpoint-dir" in proc.stderr
+
+
+def test_lora_target_module_not_found(base_policy: Path, tmp_path: Path) -> None:
+    proc = train(
+        *BASE_FLAGS,
+        f"--policy.path={base_policy}",
+        *LORA,
+        '--peft.target_modules=["q_proj"]',
+        f"--output_dir={tmp_path}",
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1
+    assert "--peft.target_modules: ['q_proj'] not found among the policy's linear layers" in lines[0]
+    proc = train(*TINY, *LORA, f"--output_dir={tmp_path}")
+    assert proc.returncode == 2 and "--peft.* needs --policy.path" in proc.stderr
+
+
+def test_bf16_trains_and_checkpoints_fp32(tmp_path: Path) -> None:
+    out = tmp_path / "bf16"
+    proc = ok(
+        train(
+            *TINY,
+            "--steps=10",
+            "--save_freq=10",
+            "--parallelism.dp_shard=2",
+            "--accelerator.mixed_precision=bf16",
+            f"--output_dir={out}",
+            nproc=2,
+        )
+    )
+    assert "MixedPrecisionPolicy(param=bfloat16, reduce=bfloat16" in proc.stdout
+    values = losses(out)
+    assert sum(values[-3:]) < sum(values[:3])
+    assert all(
+        t.dtype == torch.float32
+        for t in load_file(str(step_dir(out, 10) / "pretrained_model/model.safetensors")).values()
+    )
+    record = json.loads((step_dir(out, 10) / "training_state/training_step.json").read_text())
+    assert record["mixed_precision_policy"] == {
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "bfloat16",
+        "output_dtype": None,
+        "cast_forward_inputs": True,
+    }
+    assert not (step_dir(out, 10) / "training_state/scaler_state.json").exists()
+
+
+def test_fp16_hsdp_scaler_state_is_saved_and_restored(tmp_path: Path) -> None:
+    out = tmp_path / "fp16"
+    common = [
+        "--batch_size=4",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2",
+        "--checkpoint_format=dcp",
+        "--accelerator.mixed_precision=fp16",
+    ]
+    ok(train(*TINY, *common, "--steps=16", "--save_freq=8", f"--output_dir={out}", nproc=4))
+    values = losses(out)
+    assert sum(values[-4:]) < sum(values[:4])
+    scaler = json.loads((step_dir(out, 16) / "training_state/scaler_state.json").read_text())
+    assert scaler["scale"] < 65536.0  # the scaler backed off on overflowing steps, identically on every rank
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step_dir(out, 8), resumed / "checkpoints" / "000008")
+    ok(train("--resume=true", f"--config_path={resumed / 'checkpoints/000008'}", f"--output_dir={resumed}", nproc=4))
+    assert json.loads((step_dir(resumed, 16) / "training_state/scaler_state.json").read_text()) == scaler
+    a = dcp_to_dict(step_dir(resumed, 16) / "pretrained_model/pytorch_model_fsdp_0", tmp_path)["model"]
+    b = dcp_to_dict(step_dir(out, 16) / "pretrained_model/pytorch_model_fsdp_0", tmp_path)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def probe(config: dict[str, object]) -> dict[str, object]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(REPO / "tests/support/fsdp_probe.py"),
+        json.dumps(config),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+
+
+def test_fsdp_options_change_what_fsdp_does() -> None:
+    default = probe({})
+    assert default["sharded_before_forward"] and default["sharded_after_forward"]
+    assert default["local_numel"] * 2 == default["full_numel"]
+    kept = probe({"reshard_after_forward": False, "cpu_offload": True})
+    assert kept["sharded_before_forward"] and not kept["sharded_after_forward"]  # params stay gathered
+    assert kept["offload_policy"] == "CPUOffloadPolicy" and kept["params_offloaded"]
+    assert not default["params_offloaded"]
+
+
+def test_ignored_modules_match_peft_module_names(base_policy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ignored"
+    common = [
+        *BASE_FLAGS,
+        f"--policy.path={base_policy}",
+        *LORA,
+        "--steps=2",
+        "--save_freq=2",
+        "--parallelism.dp_shard=2",
+    ]
+    proc = ok(train(*common, "--accelerator.fsdp.ignored_modules=.*action_head", f"--output_dir={out}", nproc=2))
+    assert "unsharded (ignored_modules): base_model.model.action_head" in proc.stdout
+    refused = train(
+        *common, "--accelerator.fsdp.ignored_modules=action_head", f"--output_dir={tmp_path / 'x'}", nproc=2
+    )
+    assert refused.returncode != 0
+    assert "matches no module path" in refused.stderr and "base_model.model." in refused.stderr

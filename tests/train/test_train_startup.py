@@ -1,0 +1,185 @@
+"""Start-up refusals: one clear line naming the flag or variable, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from devtools.training import TINY, ok, script, train
+
+ACCELERATE_ENV_CLEAN = {"ACCELERATE_USE_FSDP": "", "FSDP_SHARDING_STRATEGY": ""}
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--policy.type=transformer"], "--policy.type=transformer: unknown policy type (choose act, act_tied, mlp)"),
+        (["--stepz=3"], "unknown flag --stepz (did you mean --steps?)"),
+        (["--steps=abc"], "--steps: Couldn't parse 'abc' into an int"),
+        (
+            ['--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]', "--accelerator.fsdp.min_num_params=1000"],
+            "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are exclusive",
+        ),
+        (
+            ["--accelerator.fsdp.mixed_precision_policy.param_dtype=float16"],
+            "--accelerator.fsdp.mixed_precision_policy.*=float16 needs --accelerator.mixed_precision=fp16",
+        ),
+        (
+            ["--accelerator.fsdp.mixed_precision_policy.reduce_dtype=float32"],
+            "--accelerator.fsdp.mixed_precision_policy.param_dtype is required",
+        ),
+        (["--accelerator.mixed_precision=fp8"], "--accelerator.mixed_precision=fp8: choose no, bf16 or fp16"),
+        (["--save_freq=3", "--accelerator.gradient_accumulation.steps=2"], "--save_freq=3: must be a multiple of"),
+        (["--checkpoint_format=dcp"], "--checkpoint_format=dcp: DCP shards need a sharded run"),
+        (["--resume=true"], "--resume=true needs --config_path="),
+        (["--checkpoint_format=zip"], "--checkpoint_format=zip: choose one of safetensors, dcp, safetensors_dcp"),
+        (["--policy.type=mlp"], "--policy.dim_model: the mlp policy has no such field"),
+    ],
+)
+def test_bad_flags_are_refused_with_one_line(flags: list[str], needle: str, tmp_path: Path) -> None:
+    line = one_error_line(train(*TINY, *flags, f"--output_dir={tmp_path / 'out'}"))
+    assert needle in line
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ok(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={out}"))
+    before = (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes()
+    line = one_error_line(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={out}"))
+    assert "already holds checkpoints; pass --resume=true" in line
+    assert (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes() == before
+
+
+def test_accelerate_engine_variables_are_refused_unless_acknowledged(tmp_path: Path) -> None:
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "FULL_SHARD", "ACCELERATE_MIXED_PRECISION": "bf16"}
+    line = one_error_line(train(*TINY, "--steps=1", f"--output_dir={tmp_path / 'a'}", env=env))
+    assert "ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY" in line
+    assert "LEROBOT_ALLOW_ACCELERATE_ENV=1" in line
+    for allow in ("LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV"):
+        proc = ok(
+            train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={tmp_path / allow}", env={**env, allow: "1"})
+        )
+        assert "acknowledged and ignored" in proc.stdout
+    # What a plain `accelerate launch` exports is not an engine configuration.
+    neutral = {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_USE_CPU": "True"}
+    ok(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={tmp_path / 'plain'}", env=neutral))
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--parallelism.dp_shard=3"], "--parallelism.dp_replicate × --parallelism.dp_shard = 1×3 = 3 ≠ world size 2"),
+        (
+            ["--policy.type=mlp", "--parallelism.dp_shard=2"],
+            "the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator.fsdp.wrap_modules",
+        ),
+        (
+            [
+                "--policy.type=act_tied",
+                "--parallelism.dp_shard=2",
+                '--accelerator.fsdp.wrap_modules=["TiedActionHead"]',
+            ],
+            "tied weights split across FSDP wrap units: parameter 'action_embedding.weight' is tied to 'action_head.proj.weight'",
+        ),
+    ],
+)
+def test_multiprocess_refusals_name_the_flag(flags: list[str], needle: str, tmp_path: Path) -> None:
+    retyped = any(f.startswith("--policy.type") for f in flags)
+    base = [a for a in TINY if not (retyped and a.startswith("--policy."))]
+    proc = train(*base, *flags, f"--output_dir={tmp_path / 'out'}", nproc=2)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1, proc.stderr  # printed by rank 0 only
+    assert needle in ours[0]
+    assert "step 1:" not in proc.stdout  # refused before any step ran
+
+
+@pytest.mark.torchrun
+def test_policies_without_declared_units_shard_with_flags(tmp_path: Path) -> None:
+    base = [a for a in TINY if not a.startswith("--policy.")]
+    proc = ok(
+        train(
+            *base,
+            "--policy.type=mlp",
+            "--parallelism.dp_shard=2",
+            "--accelerator.fsdp.min_num_params=1000",
+            "--steps=2",
+            "--save_freq=2",
+            f"--output_dir={tmp_path / 'mlp'}",
+            nproc=2,
+        )
+    )
+    assert "wrap units  5 units (every submodule ≥ 1,000 params)" in proc.stdout
+    proc = ok(
+        train(
+            *base,
+            "--policy.type=act_tied",
+            "--parallelism.dp_shard=2",
+            "--steps=2",
+            "--save_freq=2",
+            f"--output_dir={tmp_path / 'tied'}",
+            nproc=2,
+        )
+    )
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "tied/checkpoints/000002/pretrained_model/model.safetensors"))
+    assert (weights["action_head.proj.weight"] == weights["action_embedding.weight"]).all()
+
+
+@pytest.mark.torchrun
+def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
+    # On a GPU-less machine accelerate needs --multi_gpu to start more than one process.
+    cmd = [
+        script("accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_processes=2",
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        script("ckpt-train"),
+        *TINY,
+        "--parallelism.dp_shard=2",
+        "--steps=2",
+        "--save_freq=2",
+        f"--output_dir={tmp_path / 'acc'}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FSDP over 2 shards" in proc.stdout
+    assert (tmp_path / "acc/checkpoints/000002/training_state/optimizer_0/.metadata").exists()
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("[" * 100_000, "config.json: unreadable (JSON nested too deeply)"),
+        (
+            '{"type": "act", "dim_model": ' + "9" * 5000 + "}",
+            "config.json: unreadable (Exceeds the limit (4300 digits)",
+        ),
+        ("[1, 2]", "not a policy config (no 'type')"),
+    ],
+    ids=["100k-deep", "5000-digit-int", "a-list"],
+)
+def test_a_hostile_policy_config_is_one_line(content: str, needle: str, tmp_path: Path) -> None:
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text(content)
+    flags = [a for a in TINY if not a.startswith("--policy.")]
+    line = one_error_line(train(*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"))
+    assert needle in line

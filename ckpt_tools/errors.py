@@ -12,7 +12,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Process exit codes shared by every command (documented in README and --help)."""
+    """Process exit codes shared by every command (documented in docs/reliability.md and --help)."""
 
     OK = 0
     CHECK_FAILED = 1  # the command ran, and its verdict is "no" (unhealthy, not resumable)

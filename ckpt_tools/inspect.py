@@ -5,7 +5,7 @@ dir or a single ``.safetensors`` file. It reads ``training_step.json``, DCP ``.m
 the few hundred header bytes of each chunk archive and each safetensors header - never
 tensor data - so it takes the same fraction of a second on any model size.
 
-Health checks have two severities: ``fail`` (the checkpoint is broken: a file SPEC §4 requires
+Health checks have two severities: ``fail`` (the checkpoint is broken: a file the layout requires
 is missing, metadata is inconsistent, chunks do not tile a tensor, a file is truncated) and
 ``warn`` (worth knowing, still loadable: a crashed partial save, an unreferenced shard file,
 the 0.6.x layout that cannot resume). ``healthy`` is true when no check failed.
@@ -252,7 +252,7 @@ def _formats(paths: L.StepPaths) -> list[str]:
 
 
 def expected_files(record: TrainingStep | None, peft: bool) -> list[tuple[str, str]]:
-    """SPEC §4: the files a step dir must hold for the run ``record`` describes, with why."""
+    """The files a step dir must hold for the run ``record`` describes, with why (docs/checkpoint-format.md)."""
     pm, ts = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
     out = [(f"{pm}/{L.POLICY_CONFIG}", "policy config"), (f"{pm}/{L.TRAIN_CONFIG}", "training config")]
     out += [(f"{ts}/{L.TRAINING_STEP}", "topology record"), (f"{ts}/{L.RNG_STATE}", "RNG state")]
@@ -284,7 +284,7 @@ def expected_files(record: TrainingStep | None, peft: bool) -> list[tuple[str, s
 
 
 def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool, part: str | None) -> list[Check]:
-    """Check SPEC §4's files; ``part`` limits it to ``pretrained_model/`` or ``training_state/``."""
+    """Check the expected files; ``part`` limits it to ``pretrained_model/`` or ``training_state/``."""
     missing, notes = [], []
     pm = paths.pretrained_model
     gathered = [pm / L.ADAPTER_WEIGHTS] if peft else [pm / L.MODEL_WEIGHTS, pm / L.MODEL_WEIGHTS_INDEX]
@@ -308,7 +308,7 @@ def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool,
     if missing:
         return [Check("expected files", False, "missing: " + "; ".join(missing)), *notes]
     where = f" in {part}/" if part else ""
-    return [Check("expected files", True, f"every file SPEC §4 requires for this run is present{where}"), *notes]
+    return [Check("expected files", True, f"every file this run's checkpoint must hold is present{where}"), *notes]
 
 
 def _weight_files(pm: Path) -> list[Path]:

@@ -108,7 +108,7 @@ def run_convert(
     json_out: bool = False,
     quiet: bool = False,
 ) -> None:
-    """Shared by ``convert-dcp`` and the seed alias ``lerobot-convert-dcp``."""
+    """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``."""
     from ckpt_tools.convert import convert_dcp, delete_converted_dcp
 
     push = _pusher(push_to_hub) if push_to_hub and not dry_run else None

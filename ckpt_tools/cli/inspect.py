@@ -15,7 +15,7 @@ INSPECT_HELP = """Show what a checkpoint holds and check its health - reads head
 PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir or a
 single .safetensors file. Prints the formats present, PEFT or not, processors, the run's
 topology and batch factorization (training_step.json), parameters and bytes by dtype,
-per-rank shard sizes, and health checks: every file SPEC §4 requires for the recorded
+per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
 format, metadata consistency, chunk coverage, file sizes, safetensors headers.
 
 \b

@@ -1,4 +1,4 @@
-"""``lerobot-convert-dcp``: the seed's command, with the seed's ``--flag=value`` spellings verbatim.
+"""``lerobot-convert-dcp``: LeRobot's command name, with LeRobot's ``--flag=value`` spellings verbatim.
 
     lerobot-convert-dcp --checkpoint_dir=outputs/train/checkpoints/last --delete_dcp=true \\
         --push_to_hub=user/repo

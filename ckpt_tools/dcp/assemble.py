@@ -7,7 +7,7 @@ Two cases cover every layout DCP writes:
   row order. Without a dtype change they are handed out as :class:`Copy` ranges for a
   kernel-side copy (zero user-space memory); with one, they are converted block by block.
 - anything else (``Shard(1)``, 2-D meshes, strided storage, big-endian bytes): the tensor is
-  assembled in memory (one tensor, as the spec allows), each chunk placed through a
+  assembled in memory (one tensor at a time, convert-dcp's memory bound), each chunk placed through a
   strided view, then converted and handed out.
 """
 

@@ -1,4 +1,4 @@
-"""The checkpoint layout of SPEC §4: every file and directory name, defined once.
+"""The checkpoint layout (docs/checkpoint-format.md): every file and directory name, defined once.
 
 Both halves of the project go through this module: the training core writes with these
 names, and the tools find things with them. Discovery (:func:`locate`) turns whatever path

@@ -1,4 +1,4 @@
-"""Publishing to the Hugging Face Hub (SPEC §6): converted checkpoints and trained policies.
+"""Publishing to the Hugging Face Hub (docs/tools.md, ``push``): converted checkpoints and trained policies.
 
 ``push_to_hub`` uploads a folder's top-level ``*.safetensors`` / ``*.json`` / ``*.md`` files
 (never DCP shards or training state) plus a generated model card, as one commit.

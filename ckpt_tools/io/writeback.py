@@ -11,9 +11,7 @@ asynchronous writeback of the dirty range; pages of it that are already clean ar
 from the cache, pages still being written stay. It is advice: where the platform lacks it,
 nothing changes but the speed.)
 
-Measured on this 2-core VM, 1 GB-model FSDP(2) DCP saves alternating with raw writes of the
-same bytes in one process (5 repetitions each): a save took 1.05× the raw write (median)
-with writeback started every 32 MiB, 1.43× with torch's plain writer.
+What it gains on a real checkpoint save is measured in docs/benchmarks.md (``bin/bench-save``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The training configuration: dataclasses whose fields are the dotted flags of SPEC §2.2.
+"""The training configuration: dataclasses whose fields are the dotted flags of ``ckpt-train``.
 
 ``--group.field=value`` maps onto these dataclasses through draccus. Static validation
 happens in ``validate`` (start-up, before any process group exists) and topology-dependent

@@ -1,4 +1,4 @@
-"""Refuse accelerate's engine-configuring environment variables (SPEC §2.1).
+"""Refuse accelerate's engine-configuring environment variables: accelerate is only a launcher here.
 
 An ``accelerate config`` YAML configures the engine through environment variables, behind
 the back of our own config, so ``train_config.json`` would no longer describe what ran. A

@@ -4,7 +4,7 @@ A *case* is: a fresh copy of a real checkpoint inside an *arena* directory, one 
 :mod:`devtools.reliability.fuzz_mutations`, then every reader - ``inspect``, ``verify-resume``,
 ``reshard-plan``, ``convert-dcp`` (model, optimizer, and ``--delete-dcp``) - run on it through
 the Python API in a forked child whose address space is capped (``RLIMIT_AS``) and whose
-wall time is bounded. The parent then checks the rules of issue 8:
+wall time is bounded. The parent then checks the rules of docs/reliability.md:
 
 - every reader returned, or raised a :class:`~ckpt_tools.errors.CkptError` with a one-line
   message; anything else is a *bug* (what the CLI would show as a traceback);

@@ -1,4 +1,4 @@
-"""Hostile and broken checkpoints for every reader: fuzzed, fenced, judged (issue 8).
+"""Hostile and broken checkpoints for every reader: fuzzed, fenced, judged (docs/reliability.md).
 
 Seeds are real checkpoints (the session's DDP / FSDP / HSDP runs and the golden 0.6.x one);
 each case copies one, damages it (truncations, bit flips, swapped files, memory bombs,

@@ -1,4 +1,4 @@
-"""One focused test per tool-side defect the fuzz suite found (issue 8); each failed before its fix.
+"""One focused test per tool-side defect the fuzz suite found (docs/reliability.md); each failed before its fix.
 
 The fuzz cases that found them are random; these pin each one down with the smallest input
 that shows it, through the Python API (the CLI prints the same one-line errors).

@@ -1,4 +1,4 @@
-"""Crash consistency under real faults, the CI slice (issue 8); ``bin/reliability-report`` runs the full counts.
+"""Crash consistency under real faults, the CI slice (docs/reliability.md); ``bin/reliability-report`` runs the full counts.
 
 Each test drives real ``torchrun`` jobs through :mod:`devtools.reliability.crash_harness` and asserts
 the harness found nothing wrong: after every fault ``last`` is complete (``verify-resume`` and

@@ -1,4 +1,4 @@
-"""The resume matrix: {1 process, DDP 2, FSDP 2, HSDP 2×2} saved × the same set resumed (issue 8).
+"""The resume matrix: {1 process, DDP 2, FSDP 2, HSDP 2×2} saved × the same set resumed (docs/reliability.md).
 
 Every cell resumes a real checkpoint of step 4 on another (or the same) topology with
 ``--steps=4`` into a fresh output dir: the trainer loads the state, has no step left to run,

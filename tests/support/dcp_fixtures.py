@@ -39,7 +39,7 @@ def written_checkpoints(factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     # DONE is written by rank 0 after the last barrier: everything is on disk even if gloo's
-    # teardown aborts a process afterwards (DESIGN §1).
+    # teardown aborts a process afterwards (see ckpt_tools.train.parallel.distributed.teardown).
     if not (out / "DONE").exists():
         raise RuntimeError(f"dcp_writer failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     _CACHE["root"] = out

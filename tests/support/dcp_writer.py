@@ -254,7 +254,7 @@ def main() -> None:
     if rank == 0:
         (out / "DONE").write_text("ok")
     dist.barrier()
-    gc.collect()  # drop gloo work before teardown: avoids the exit-time abort DESIGN §1 describes
+    gc.collect()  # drop gloo work before teardown: avoids gloo's exit-time abort (see train.parallel.distributed.teardown)
     dist.destroy_process_group()
 
 

@@ -1,6 +1,6 @@
 """Real, small checkpoint folders for the Hub tests (no torch: weights via ``safetensors.numpy``).
 
-The step directory has the full shape of SPEC §4 - gathered weights and processors next to
+The step directory has the full shape of docs/checkpoint-format.md - gathered weights and processors next to
 DCP shard directories, a ``training_state/`` with optimizer shards - plus the litter a
 crashed save leaves (a hidden temporary) and an unrelated file, so a test can prove that
 exactly the publishable files, and nothing else, reach the Hub.

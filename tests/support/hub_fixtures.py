@@ -1,6 +1,6 @@
 """Pytest fixtures that put a loopback Hub (:mod:`tests.support.hub_server`) in front of real processes.
 
-``huggingface_hub`` reads its settings from the environment *at import time* (DESIGN.md §4),
+``huggingface_hub`` reads its settings from the environment *at import time* (its ``constants`` module),
 so the client is pointed at the server through the environment of a separate process - the
 ``ckpt-tools`` CLI, a ``python -c`` snippet, or a ``torchrun`` training job:
 

@@ -1,6 +1,6 @@
 """A loopback Hugging Face Hub: the API subset the real ``huggingface_hub`` client speaks to publish and download.
 
-Tests point the real client at it with ``HF_ENDPOINT`` (see DESIGN.md §4 and
+Tests point the real client at it with ``HF_ENDPOINT`` (see
 :mod:`tests.support.hub_fixtures`) and then assert on what arrived: the files of each commit,
 their bytes, every request made. It is strict where the real Hub is strict - writes need a
 valid ``Authorization: Bearer`` token with rights on the namespace, an LFS upload must match

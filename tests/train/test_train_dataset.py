@@ -1,4 +1,4 @@
-"""The dataset by repo id through the Hugging Face cache (then offline), with the seed's command name."""
+"""The dataset by repo id through the Hugging Face cache (then offline), with LeRobot's command name."""
 
 from __future__ import annotations
 

@@ -196,13 +196,13 @@ def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     """``dcp.save`` into ``directory``: no per-chunk CRC32, cached plans, a writer thread per free
     core, disk writeback started as the shard file grows (:class:`WritebackFileSystemWriter`).
 
-    Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs about a third of
+    Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs a large share of
     the save on CPU, and nothing ever verifies it on load (torch, accelerate and our reader
     check structure and sizes instead). Durability comes from the fsync of every file.
 
     The save plan (one entry per tensor chunk: ~1 000 per rank for a policy and its AdamW
     state) is the same at every save of a run, yet plain ``dcp.save`` pickles every rank's
-    plan to the coordinator and the global plan back each time - a third of the save's
+    plan to the coordinator and the global plan back each time - a large share of the save's
     non-writing time in a profile. With plan caching each rank only says "unchanged".
     """
     from torch.utils.serialization import config
@@ -222,8 +222,7 @@ def writer_threads_per_rank() -> int:
     """DCP writer threads for this rank: the cores each local rank has to itself, 1 to 4.
 
     Each thread serializes and writes its own shard file; threads beyond the free cores only
-    contend. Measured on 2 cores, alternating in one run: four HSDP ranks save at 1.3-1.4× a raw
-    write with one thread each, 1.5-1.9× with two; two FSDP ranks at 1.0-1.1× vs 1.2×.
+    contend (measured in docs/benchmarks.md).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

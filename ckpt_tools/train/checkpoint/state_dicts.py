@@ -1,7 +1,7 @@
 """Model and optimizer state in the three shapes a checkpoint uses.
 
 - sharded (DTensor) state dicts for DCP, which reshards on load onto any topology;
-- full (gathered, fp32, on the main rank) state dicts for ``model.safetensors``;
+- full (gathered, fp32) state dicts, only to load a ``model.safetensors`` (saving writes it from the shards);
 - flat files for non-sharded runs (``optimizer_state.safetensors`` +
   ``optimizer_param_groups.json``), keyed by parameter name so they also load into a
   sharded run.

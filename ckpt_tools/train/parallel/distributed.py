@@ -100,7 +100,7 @@ def teardown(env: DistEnv) -> None:
 
     gloo worker threads that free work during interpreter shutdown abort the process
     ("terminate called without an active exception") after correct work; collecting first
-    removed those aborts in our measurements (DESIGN §1).
+    removed those aborts in our measurements.
     """
     gc.collect()
     if env.distributed and dist.is_initialized():

@@ -1,6 +1,6 @@
 """Laying the model out over the processes: DDP, FSDP2 or HSDP, with torch's own APIs.
 
-Accelerate's FSDP2 path does not shard on CPU (DESIGN §1), so this module uses
+Accelerate's FSDP2 path does not shard on CPU, so this module uses
 ``fully_shard`` + ``init_device_mesh`` directly - one code path for gloo on CPU and NCCL
 on CUDA. Wrap units come from the policy's ``_fsdp_wrap_modules``, from
 ``--accelerator.fsdp.wrap_modules`` or from ``--accelerator.fsdp.min_num_params``; a sharded

@@ -46,6 +46,7 @@ OPTIMIZER_DCP_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + "_0"
 OPTIMIZER_DCP_KEY = "optimizer"
 OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
 OPTIMIZER_STATE = "optimizer_state.safetensors"
+FLAT_OPTIMIZER_PREFIX = "state."  # OPTIMIZER_STATE keys: state.<parameter name>.<slot>
 RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
@@ -91,6 +92,21 @@ def partial_dir_name(final_name: str) -> str:
 
 def is_step_dir_name(name: str) -> bool:
     return bool(_STEP_DIR_RE.match(name))
+
+
+def flat_optimizer_key(param: str, slot: str) -> str:
+    """The ``optimizer_state.safetensors`` key of one optimizer slot: ``state.encoder.weight.exp_avg``."""
+    return f"{FLAT_OPTIMIZER_PREFIX}{param}.{slot}"
+
+
+def split_flat_optimizer_key(key: str) -> tuple[str, str]:
+    """``state.<param>.<slot>`` → (param, slot): the slot is the last dotted part (parameter names hold dots).
+
+    A key without the prefix splits the same way; its parameter then matches none the param
+    groups list, which is how the loader (and ``verify-resume``) tell it apart.
+    """
+    param, _, slot = key.removeprefix(FLAT_OPTIMIZER_PREFIX).rpartition(".")
+    return param, slot
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 DEFAULT_ADAPTER = "default"
+PEFT_MODEL_PREFIX = "base_model.model."  # what PeftModel puts before the wrapped policy's module paths
 ADAPTER_MARKERS = ("lora_", "modules_to_save.")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import parse_json, read_text
 
 
@@ -123,6 +124,34 @@ class SavedConfig:
     def mixed_precision_policy(self) -> dict[str, Any]:
         policy = _get(self.raw, "accelerator.fsdp.mixed_precision_policy")
         return {k: v for k, v in policy.items() if v is not None} if isinstance(policy, dict) else {}
+
+    def run_settings(self) -> RunSettings:
+        """What the start-up rules check, as this file says it (None where it does not)."""
+        raw = self.raw
+        wrap = _get(raw, "accelerator.fsdp.wrap_modules")
+        return RunSettings(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            save_freq=self.save_freq,
+            log_freq=_int(raw, "log_freq"),
+            collective_timeout_s=_float(raw, "collective_timeout_s"),
+            grad_accum_steps=self.grad_accum_steps,
+            checkpoint_format=self.checkpoint_format,
+            optimizer_type=_str(raw, "optimizer.type"),
+            lr=self.lr,
+            scheduler_type=_str(raw, "scheduler.type"),
+            mixed_precision=self.mixed_precision,
+            wrap_modules=wrap if isinstance(wrap, list) else None,
+            min_num_params=_int(raw, "accelerator.fsdp.min_num_params"),
+            ignored_modules=self.ignored_modules,
+            mixed_precision_policy=self.mixed_precision_policy,
+            peft=self.peft,
+            peft_method=_str(raw, "peft.method_type"),
+            peft_r=_int(raw, "peft.r"),
+            policy_path=self.policy_path,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+        )
 
     @property
     def dataset_root(self) -> str | None:

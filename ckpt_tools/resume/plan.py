@@ -22,22 +22,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import BatchFactorization, Topology
+from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_ignored
+from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import FAIL, WARN, resume_checks
 from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
 from ckpt_tools.resume.reads import ChunkLookup
-from ckpt_tools.resume.source import (
-    ResumeSource,
-    TensorSpec,
-    ignored_matcher,
-    is_ignored,
-    load_source,
-    resolve_step_dir,
-)
+from ckpt_tools.resume.source import ResumeSource, TensorSpec, load_source, resolve_step_dir
 from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
-PEFT_PREFIX = "base_model.model."
 
 
 @dataclass(frozen=True)
@@ -248,11 +244,11 @@ class _Placement:
 
     @classmethod
     def of(cls, source: ResumeSource, topology: Topology) -> _Placement:
-        matcher = ignored_matcher(source.config.ignored_modules if source.config else None)
+        regex = ignored_regex(source.config.ignored_modules if source.config else None)
         return cls(
             topology,
-            {name: not is_ignored(name, matcher) for name in source.params},
-            {name: not is_ignored(name, matcher, PEFT_PREFIX) for name in source.frozen},
+            {name: not parameter_is_ignored(name, regex) for name in source.params},
+            {name: not parameter_is_ignored(name, regex, PEFT_MODEL_PREFIX) for name in source.frozen},
         )
 
     def param(self, spec: TensorSpec, rank: int, *, frozen: bool = False) -> Box:
@@ -371,10 +367,11 @@ def _node_notes(topology: Topology) -> list[str]:
 def _data_order(source: ResumeSource, before: BatchFactorization | None, after: BatchFactorization | None) -> DataOrder:
     record = source.record
     sampler = record.sampler
-    exact = (
-        before is not None
-        and after is not None
-        and (before.dp_world_size, before.batch_size) == (after.dp_world_size, after.batch_size)
+    change = DataOrderChange(
+        before.dp_world_size if before else None,
+        before.batch_size if before else None,
+        after.dp_world_size if after else None,
+        after.batch_size if after else None,
     )
     where = ""
     if sampler is not None:
@@ -382,17 +379,9 @@ def _data_order(source: ResumeSource, before: BatchFactorization | None, after: 
         if sampler.dataset_size:
             where += f" of {sampler.dataset_size}"
         where += f" (samples_seen {record.samples_seen}, seed {sampler.seed})"
-    if exact:
-        why = "sample-exact: same dp_world_size and batch_size, so every rank sees what it would have"
-    elif before is None or after is None:
-        why = "unknown: the record or the target lacks batch_size / dp_world_size"
-    else:
-        why = (
-            f"not sample-exact: {before.dp_world_size}×{before.batch_size} → {after.dp_world_size}×{after.batch_size}"
-            " (dp_world_size×batch_size); the same global order is re-split, nothing skipped or repeated"
-        )
+    why = change.describe()
     return DataOrder(
-        sample_exact=exact,
+        sample_exact=change.sample_exact is True,
         samples_seen=record.samples_seen,
         epoch=sampler.epoch if sampler else None,
         offset=sampler.offset if sampler else None,
@@ -407,29 +396,23 @@ def _suggest(
 ) -> Suggestion | None:
     if before is None or after is None:
         return None
-    lr = source.config.lr if source.config else None
-    steps = source.config.steps if source.config else None
-    ratio = after.effective_batch_size / before.effective_batch_size
-    remaining = None
-    steps_after = steps
-    if steps is not None:
-        remaining = max(0, steps - source.record.step) * before.samples_per_step
-        steps_after = source.record.step + -(-remaining // after.samples_per_step)
-    lr_after = lr * ratio if lr is not None else None
-    if ratio == 1 and steps_after == steps:
+    config = source.config
+    scaling = linear_scaling(
+        before, after, lr=config.lr if config else None, steps=config.steps if config else None, step=source.record.step
+    )
+    if scaling.unchanged:
         text = "nothing to adjust: the effective batch and the samples per step are unchanged"
     else:
-        parts = []
-        if lr is not None and ratio != 1:
-            parts.append(
-                f"--optimizer.lr={lr_after:.3g} (lr × {after.effective_batch_size}/{before.effective_batch_size})"
-            )
-        if steps is not None and steps_after != steps:
-            parts.append(
-                f"--steps={steps_after} (the same {remaining} remaining samples at {after.samples_per_step}/step)"
-            )
-        text = "linear scaling suggests " + " and ".join(parts) + "; never applied automatically" if parts else ""
-    return Suggestion(lr, lr_after, steps, steps_after, remaining, text)
+        suggested = scaling.describe()
+        text = f"{suggested}; never applied automatically" if suggested else ""
+    return Suggestion(
+        scaling.lr_before,
+        scaling.lr_after,
+        scaling.steps_before,
+        scaling.steps_after,
+        scaling.remaining_samples,
+        text,
+    )
 
 
 __all__ = ["DataOrder", "FileRead", "RankPlan", "ReshardPlan", "Resident", "Suggestion", "plan_reshard"]

@@ -17,7 +17,6 @@ optimizer tensor - from metadata and headers only. The plan and the verifier bot
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 
 DCP_WEIGHTS, SAFETENSORS = "dcp", "safetensors"
-FLAT_STATE_PREFIX = "state."  # optimizer_state.safetensors keys: state.<param>.<slot>
 
 
 @dataclass(frozen=True)
@@ -281,7 +279,7 @@ def _optimizer_state(optimizer: Container) -> dict[str, dict[str, TensorSpec]]:
         for key, spec in _header_specs(optimizer.header).items():
             # Split exactly as the loader does: a key it cannot place (no "state." prefix, an
             # unknown parameter) shows up as state of a name the param groups do not list.
-            name, _, slot = key.removeprefix(FLAT_STATE_PREFIX).rpartition(".")
+            name, slot = L.split_flat_optimizer_key(key)
             out.setdefault(name, {})[slot] = TensorSpec(name, spec.shape, spec.dtype, spec.itemsize, key)
     return out
 
@@ -303,21 +301,3 @@ def _base_model(source: ResumeSource) -> None:
         return
     source.base_weights = base
     source.frozen = _header_specs(header)
-
-
-def ignored_matcher(pattern: str | None) -> re.Pattern[str] | None:
-    """``--accelerator.fsdp.ignored_modules``: a regex over module paths (PEFT paths start ``base_model.model.``)."""
-    if not pattern:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error:
-        return None
-
-
-def is_ignored(name: str, matcher: re.Pattern[str] | None, prefix: str = "") -> bool:
-    """Whether parameter ``name`` lives in a module (or under one) the ignore regex fully matches."""
-    if matcher is None:
-        return False
-    parts = (prefix + name).split(".")[:-1]
-    return any(matcher.fullmatch(".".join(parts[: i + 1])) for i in range(len(parts)))

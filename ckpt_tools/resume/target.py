@@ -1,23 +1,30 @@
 """The topology and settings a resume will run with: the saved config, overridden by flags.
 
 ``ckpt-train --resume=true --config_path=...`` starts from the checkpoint's
-``train_config.json`` and lets flags override it; the start-up checks then apply to the merged
-config. The tools predict that outcome, so this module mirrors the training core's rules
-(``TrainConfig.resolve_parallelism``, ``validate_for_world`` and the parts of ``validate`` a
-resume can trip) without importing it - the training core needs torch. Each refusal is the
-one line the training core would print, plus the tool flag that changes the outcome.
+``train_config.json`` and lets flags override it; the start-up rules then apply to the merged
+config. This module does the merge and applies the trainer's own rules
+(:mod:`ckpt_tools.format.rules.startup`) to it. Each refusal is the one line the trainer would
+print, plus this tool's flags for the fix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckpt_tools.errors import UsageError
 from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules.startup import (
+    MIXED_PRECISION_CHOICES,
+    Refusal,
+    RunSettings,
+    setting_refusals,
+    world_refusals,
+)
 from ckpt_tools.format.train_config import SavedConfig
 
-MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+# This tool's flag for each setting a start-up fix names.
+TOOL_FLAGS = {"dp_replicate": "--dp-replicate", "dp_shard": "--dp-shard", "checkpoint_format": "--checkpoint-format"}
 
 
 @dataclass(frozen=True)
@@ -95,13 +102,21 @@ def resolve_target(config: SavedConfig | None, record: TrainingStep, request: Ta
     accum = _pick(request.grad_accum, config.grad_accum_steps if config else None, record.grad_accum_steps)
     precision = _pick(request.mixed_precision, config.mixed_precision if config else None, record.mixed_precision)
     fmt = _pick(request.checkpoint_format, config.checkpoint_format if config else None, record.checkpoint_format)
-    problems: list[str] = []
-    resolved = resolve_parallelism(r, s, world, problems)
+    saved = config.run_settings() if config is not None else RunSettings()
+    settings = replace(
+        saved,
+        dp_replicate=r,
+        dp_shard=s,
+        batch_size=batch,  # type: ignore[arg-type]
+        grad_accum_steps=accum,  # type: ignore[arg-type]
+        mixed_precision=precision,  # type: ignore[arg-type]
+        checkpoint_format=fmt,  # type: ignore[arg-type]
+    )
+    mesh, refusals = world_refusals(settings, world)
     topology = None
-    if resolved is not None:
-        topology = Topology(world, resolved[0], resolved[1], request.nnodes or _same_nodes(record, world))
-        _validate_for_world(topology, fmt, config, problems)  # type: ignore[arg-type]
-    _validate(batch, accum, precision, fmt, config, problems)  # type: ignore[arg-type]
+    if mesh is not None:
+        topology = Topology(world, *mesh, request.nnodes or _same_nodes(record, world))
+    problems = [_with_tool_flags(refusal) for refusal in refusals + setting_refusals(settings)]
     overridden = tuple(
         name
         for name, value in (
@@ -134,83 +149,8 @@ def _same_nodes(record: TrainingStep, world: int) -> int | None:
     return None
 
 
-def resolve_parallelism(r: int, s: int, world: int, problems: list[str]) -> tuple[int, int] | None:
-    """``TrainConfig.resolve_parallelism``: (dp_replicate, dp_shard), or None with the refusal."""
-    if r <= 0:
-        problems.append(f"--parallelism.dp_replicate={r}: must be ≥ 1")
-        return None
-    if s == -1:
-        if world % r:
-            problems.append(
-                f"--parallelism.dp_shard=-1 with --parallelism.dp_replicate={r}: world size {world} is not divisible by {r}"
-            )
-            return None
-        s = world // r
-    elif s <= 0:
-        problems.append(f"--parallelism.dp_shard={s}: must be ≥ 1 or -1 (all launched processes)")
-        return None
-    if r * s == 1 and world > 1:
-        return world, 1  # a plain multi-process launch is DDP over every process
-    if r * s != world:
-        problems.append(
-            f"--parallelism.dp_replicate × --parallelism.dp_shard = {r}×{s} = {r * s} ≠ world size {world}"
-            f" (processes launched): {_fitting(world)}"
-        )
-        return None
-    return r, s
-
-
-def _fitting(world: int) -> str:
-    """How to say the parallelism of ``world`` processes, as resume flags and as this tool's flags."""
-    if world == 1:
-        return "resume with --parallelism.dp_replicate=1 --parallelism.dp_shard=1 (here: --dp-replicate 1 --dp-shard 1)"
-    return (
-        f"resume with --parallelism.dp_replicate=1 --parallelism.dp_shard={world} for FSDP, or dp_shard=1 for DDP"
-        f" (here: --dp-replicate 1 --dp-shard {world} or --dp-shard 1)"
-    )
-
-
-def _validate_for_world(topology: Topology, fmt: str | None, config: SavedConfig | None, problems: list[str]) -> None:
-    if topology.layout.sharded:
-        return
-    if fmt not in (None, CheckpointFormat.SAFETENSORS.value):
-        problems.append(
-            f"--checkpoint_format={fmt}: DCP shards need a sharded run (--parallelism.dp_shard > 1);"
-            " resume with --checkpoint_format=safetensors (here: --checkpoint-format safetensors)"
-        )
-    if config is not None and config.mixed_precision_policy:
-        problems.append(
-            "--accelerator.fsdp.mixed_precision_policy.* applies to sharded runs only: the saved config sets it,"
-            " so this non-sharded target is refused (override those fields, or keep a sharded layout)"
-        )
-
-
-def _validate(
-    batch: int | None,
-    accum: int | None,
-    precision: str | None,
-    fmt: str | None,
-    config: SavedConfig | None,
-    problems: list[str],
-) -> None:
-    if batch is not None and batch <= 0:
-        problems.append(f"--batch_size={batch}: must be a positive integer")
-    if accum is not None and accum <= 0:
-        problems.append(f"--accelerator.gradient_accumulation.steps={accum}: must be ≥ 1")
-    save_freq = config.save_freq if config else None
-    if accum and accum > 0 and save_freq and save_freq % accum:
-        problems.append(
-            f"--save_freq={save_freq}: must be a multiple of --accelerator.gradient_accumulation.steps={accum}"
-            " (a checkpoint must not fall inside an accumulation window)"
-        )
-    if precision is not None and precision not in MIXED_PRECISION_CHOICES:
-        problems.append(f"--accelerator.mixed_precision={precision}: choose no, bf16 or fp16")
-    if fmt is not None and fmt not in {f.value for f in CheckpointFormat}:
-        problems.append(f"--checkpoint_format={fmt}: choose one of safetensors, dcp, safetensors_dcp")
-    policy = config.mixed_precision_policy if config else {}
-    uses_fp16 = "float16" in (policy.get("param_dtype"), policy.get("reduce_dtype"), policy.get("output_dtype"))
-    if uses_fp16 and precision != "fp16":
-        problems.append(
-            "--accelerator.fsdp.mixed_precision_policy.*=float16 needs --accelerator.mixed_precision=fp16"
-            " (it builds the loss scaler)"
-        )
+def _with_tool_flags(refusal: Refusal) -> str:
+    """The trainer's line, then the same fix in this tool's flags."""
+    if not refusal.fixes:
+        return refusal.message
+    return f"{refusal.message} (here: {' or '.join(fix.spell(TOOL_FLAGS, ' ') for fix in refusal.fixes)})"

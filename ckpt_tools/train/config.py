@@ -2,22 +2,20 @@
 
 ``--group.field=value`` maps onto these dataclasses through draccus. Static validation
 happens in ``validate`` (start-up, before any process group exists) and topology-dependent
-validation in ``validate_for_world``; both raise :class:`ConfigError` naming the flag. The
-saved ``train_config.json`` is exactly the object that ran (dataset-derived sizes filled
-in), and ``--resume`` reads it back.
+validation in ``validate_for_world``; both raise :class:`ConfigError` with the first refusal
+of the start-up rules (:mod:`ckpt_tools.format.rules.startup`, which ``reshard-plan`` and
+``verify-resume`` apply too). The saved ``train_config.json`` is exactly the object that ran
+(dataset-derived sizes filled in), and ``--resume`` reads it back.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from ckpt_tools.errors import ConfigError, UsageError
 from ckpt_tools.format.layout import CheckpointFormat
+from ckpt_tools.format.rules.startup import RunSettings, setting_refusals, world_refusals
 from ckpt_tools.train.policies.configs import PolicyConfig
-
-MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
-POLICY_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -143,37 +141,44 @@ class TrainConfig:
     def format(self) -> CheckpointFormat:
         return CheckpointFormat(self.checkpoint_format)
 
+    def run_settings(self) -> RunSettings:
+        """What the start-up rules check, read off this config."""
+        fsdp = self.accelerator.fsdp
+        policy = fsdp.mixed_precision_policy
+        policy_fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+        return RunSettings(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            save_freq=self.save_freq,
+            log_freq=self.log_freq,
+            collective_timeout_s=self.collective_timeout_s,
+            grad_accum_steps=self.grad_accum_steps,
+            checkpoint_format=self.checkpoint_format,
+            optimizer_type=self.optimizer.type,
+            lr=self.optimizer.lr,
+            scheduler_type=self.scheduler.type,
+            mixed_precision=self.accelerator.mixed_precision,
+            wrap_modules=fsdp.wrap_modules,
+            min_num_params=fsdp.min_num_params,
+            ignored_modules=fsdp.ignored_modules,
+            mixed_precision_policy={n: getattr(policy, n) for n in policy_fields if getattr(policy, n) is not None},
+            peft=self.peft is not None,
+            peft_method=self.peft.method_type if self.peft else None,
+            peft_r=self.peft.r if self.peft else None,
+            policy_path=self.policy.path if self.policy else None,
+            dp_replicate=self.parallelism.dp_replicate,
+            dp_shard=self.parallelism.dp_shard,
+        )
+
     def validate(self) -> None:
         """Checks that need no process group: every message names its flag."""
         if self.policy is None:
             raise ConfigError("--policy.type (or --policy.path) is required")
         if not self.output_dir:
             raise ConfigError("--output_dir is required")
-        for name in ("steps", "batch_size", "save_freq", "log_freq"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name}={getattr(self, name)}: must be a positive integer")
-        if self.collective_timeout_s <= 0:
-            raise ConfigError(f"--collective_timeout_s={self.collective_timeout_s}: must be positive (seconds)")
-        if self.grad_accum_steps <= 0:
-            raise ConfigError(f"--accelerator.gradient_accumulation.steps={self.grad_accum_steps}: must be ≥ 1")
-        if self.save_freq % self.grad_accum_steps:
-            raise ConfigError(
-                f"--save_freq={self.save_freq}: must be a multiple of"
-                f" --accelerator.gradient_accumulation.steps={self.grad_accum_steps}"
-                " (a checkpoint must not fall inside an accumulation window)"
-            )
-        if self.checkpoint_format not in {f.value for f in CheckpointFormat}:
-            raise ConfigError(
-                f"--checkpoint_format={self.checkpoint_format}: choose one of safetensors, dcp, safetensors_dcp"
-            )
-        if self.optimizer.type != "adamw":
-            raise ConfigError(f"--optimizer.type={self.optimizer.type}: only adamw is supported")
-        if self.optimizer.lr <= 0:
-            raise ConfigError(f"--optimizer.lr={self.optimizer.lr}: must be positive")
-        if self.scheduler.type not in ("cosine", "constant"):
-            raise ConfigError(f"--scheduler.type={self.scheduler.type}: choose cosine or constant")
-        self._validate_accelerator()
-        self._validate_peft()
+        refusals = setting_refusals(self.run_settings())
+        if refusals:
+            raise ConfigError(refusals[0].message)
         if self.policy.repo_id is not None:
             from ckpt_tools.hub import check_repo_id
 
@@ -182,85 +187,10 @@ class TrainConfig:
             except UsageError as e:
                 raise ConfigError(str(e)) from None
 
-    def _validate_accelerator(self) -> None:
-        acc = self.accelerator
-        if acc.mixed_precision not in MIXED_PRECISION_CHOICES:
-            raise ConfigError(f"--accelerator.mixed_precision={acc.mixed_precision}: choose no, bf16 or fp16")
-        fsdp = acc.fsdp
-        if fsdp.wrap_modules is not None and fsdp.min_num_params is not None:
-            raise ConfigError(
-                "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are exclusive: pass one"
-            )
-        if fsdp.min_num_params is not None and fsdp.min_num_params <= 0:
-            raise ConfigError(f"--accelerator.fsdp.min_num_params={fsdp.min_num_params}: must be positive")
-        if fsdp.ignored_modules is not None:
-            try:
-                re.compile(fsdp.ignored_modules)
-            except re.error as e:
-                raise ConfigError(f"--accelerator.fsdp.ignored_modules: not a valid regex ({e})") from None
-        policy = fsdp.mixed_precision_policy
-        prefix = "--accelerator.fsdp.mixed_precision_policy"
-        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
-            value = getattr(policy, name)
-            if value is not None and value not in POLICY_DTYPES:
-                raise ConfigError(f"{prefix}.{name}={value}: choose float32, bfloat16 or float16")
-        if policy.any_set and policy.param_dtype is None:
-            raise ConfigError(
-                f"{prefix}.param_dtype is required once any mixed_precision_policy field is set"
-                " (the policy is built from those fields alone)"
-            )
-        uses_fp16 = "float16" in (policy.param_dtype, policy.reduce_dtype, policy.output_dtype)
-        if uses_fp16 and acc.mixed_precision != "fp16":
-            raise ConfigError(
-                f"{prefix}.*=float16 needs --accelerator.mixed_precision=fp16 (it builds the loss scaler)"
-            )
-
-    def _validate_peft(self) -> None:
-        if self.peft is None:
-            return
-        if self.peft.method_type.upper() != "LORA":
-            raise ConfigError(f"--peft.method_type={self.peft.method_type}: only LORA is supported")
-        if self.policy is not None and not self.policy.path:
-            raise ConfigError("--peft.* needs --policy.path (the saved base policy the adapter is trained on)")
-        if self.peft.r <= 0:
-            raise ConfigError(f"--peft.r={self.peft.r}: must be positive")
-
-    def resolve_parallelism(self, world_size: int) -> tuple[int, int]:
-        """(dp_replicate, dp_shard) for this launch; ``dp_shard=-1`` takes what is left."""
-        r, s = self.parallelism.dp_replicate, self.parallelism.dp_shard
-        if r <= 0:
-            raise ConfigError(f"--parallelism.dp_replicate={r}: must be ≥ 1")
-        if s == -1:
-            if world_size % r:
-                raise ConfigError(
-                    f"--parallelism.dp_shard=-1 with --parallelism.dp_replicate={r}: world size {world_size}"
-                    f" is not divisible by {r}"
-                )
-            s = world_size // r
-        elif s <= 0:
-            raise ConfigError(f"--parallelism.dp_shard={s}: must be ≥ 1 or -1 (all launched processes)")
-        if r * s == 1 and world_size > 1:
-            return world_size, 1  # plain multi-process launch: DDP over every process
-        if r * s != world_size:
-            raise ConfigError(
-                f"--parallelism.dp_replicate × --parallelism.dp_shard = {r}×{s} = {r * s}"
-                f" ≠ world size {world_size} (processes launched)"
-            )
-        return r, s
-
     def validate_for_world(self, world_size: int) -> tuple[int, int]:
-        r, s = self.resolve_parallelism(world_size)
-        sharded = s > 1
-        fsdp = self.accelerator.fsdp
-        if not sharded:
-            if self.format is not CheckpointFormat.SAFETENSORS:
-                raise ConfigError(
-                    f"--checkpoint_format={self.checkpoint_format}: DCP shards need a sharded run"
-                    " (--parallelism.dp_shard > 1); non-sharded runs save safetensors"
-                )
-            if fsdp.mixed_precision_policy.any_set:
-                raise ConfigError(
-                    "--accelerator.fsdp.mixed_precision_policy.* applies to sharded runs only"
-                    " (use --accelerator.mixed_precision)"
-                )
-        return r, s
+        """(dp_replicate, dp_shard) for a launch of ``world_size`` processes, or the first refusal."""
+        mesh, refusals = world_refusals(self.run_settings(), world_size)
+        if refusals:
+            raise ConfigError(refusals[0].message)
+        assert mesh is not None
+        return mesh

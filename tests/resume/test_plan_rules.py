@@ -1,8 +1,8 @@
-"""The rules reshard-plan is built on, held against torch's and the training core's own code.
+"""The rules reshard-plan is built on, held against torch's own code, and the resume target.
 
 - FSDP2 dim-0 placement vs ``Shard.local_shard_size_and_offset`` (uneven tails, empty shards);
 - the DCP read emulation vs ``create_read_items_for_chunk_list`` on random saved chunkings;
-- the target resolution vs ``TrainConfig.resolve_parallelism`` / ``validate_for_world``.
+- the resume target: the trainer's start-up rules applied to the saved config merged with the flags.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import itertools
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties, TensorStorageMetadata
@@ -20,8 +19,8 @@ from torch.distributed.tensor.placement_types import Shard
 
 from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
 from ckpt_tools.dcp.metadata import DcpMetadata
-from ckpt_tools.errors import ConfigError
 from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules.startup import RunSettings, resolve_parallelism, setting_refusals, world_refusals
 from ckpt_tools.format.train_config import SavedConfig
 from ckpt_tools.resume.placement import dim0_shard, local_box
 from ckpt_tools.resume.reads import ChunkLookup
@@ -110,21 +109,34 @@ def test_zero_dim_tensor_is_read_whole_on_every_rank() -> None:
         assert dict(got.bytes) == {"__1_0.distcp": 77}
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "dcp", "safetensors_dcp"])
-def test_target_resolution_mirrors_the_training_core(fmt: str, tmp_path: Path) -> None:
-    """Same verdict and (R, S) as the training core's start-up rules, from its own saved config."""
-    from ckpt_tools.train.checkpoint.manager import train_config_dict
-    from ckpt_tools.train.config import ParallelismConfig, TrainConfig
-
-    record = TrainingStep(step=1, topology=Topology(2, 1, 2))
-    for world, r, s in itertools.product([1, 2, 3, 4, 6], [-1, 0, 1, 2, 3], [-2, -1, 0, 1, 2, 4]):
-        cfg = TrainConfig(parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s), checkpoint_format=fmt)
-        try:
-            expected = cfg.validate_for_world(world)
-        except ConfigError:
-            expected = None
-        saved = SavedConfig(tmp_path / "train_config.json", train_config_dict(cfg))
-        target = resolve_target(saved, record, TargetRequest(nproc=world))
-        got = (target.topology.dp_replicate, target.topology.dp_shard) if target.topology else None
-        assert (got if not target.problems else None) == expected, (world, r, s, target.problems)
-        assert bool(target.problems) == (expected is None)
+def test_resume_target_applies_the_start_up_rules_to_the_merged_config(tmp_path: Path) -> None:
+    """The saved config, overridden by the request; the trainer's lines, then this tool's flags."""
+    record = TrainingStep(step=4, topology=Topology(2, 1, 2), batch_size=8, grad_accum_steps=1)
+    saved = {
+        "parallelism": {"dp_replicate": 1, "dp_shard": 2},
+        "checkpoint_format": "safetensors_dcp",
+        "save_freq": 4,
+        "accelerator": {"mixed_precision": "no", "gradient_accumulation": {"steps": 1}},
+    }
+    config = SavedConfig(tmp_path / "train_config.json", saved)
+    same = resolve_target(config, record, TargetRequest())
+    assert same.topology == Topology(2, 1, 2) and same.problems == ()
+    on_one = resolve_target(config, record, TargetRequest(nproc=1))
+    _, refusal = resolve_parallelism(1, 2, 1)
+    assert refusal is not None and on_one.topology is None
+    assert on_one.problems == (f"{refusal.message} (here: --dp-replicate 1 --dp-shard 1)",)
+    ddp = resolve_target(config, record, TargetRequest(nproc=2, dp_shard=1, grad_accum=3))
+    assert ddp.topology == Topology(2, 2, 1)
+    mesh, world = world_refusals(RunSettings(checkpoint_format="safetensors_dcp"), 2)
+    assert mesh == (2, 1)
+    assert ddp.problems == (
+        f"{world[0].message} (here: --checkpoint-format safetensors)",
+        setting_refusals(RunSettings(save_freq=4, grad_accum_steps=3))[0].message,
+    )
+    # What the saved config alone refuses is listed too (the trainer refuses the resume at start-up).
+    saved["optimizer"] = {"type": "sgd"}
+    assert resolve_target(config, record, TargetRequest()).problems == (
+        "--optimizer.type=sgd: only adamw is supported",
+    )
+    # Without a train_config.json the record's values are checked.
+    assert resolve_target(None, record, TargetRequest(nproc=2)).topology == Topology(2, 1, 2)

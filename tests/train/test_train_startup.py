@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from ckpt_tools.errors import ConfigError
+from ckpt_tools.train.cli import main
+from ckpt_tools.train.env_guard import check_accelerate_env
+from ckpt_tools.train.parsing import parse_train_config
 from devtools.training import TINY, ok, script, train
-
-ACCELERATE_ENV_CLEAN = {"ACCELERATE_USE_FSDP": "", "FSDP_SHARDING_STRATEGY": ""}
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -19,6 +22,36 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ")
     return lines[0]
+
+
+ENGINE_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+}
+
+
+def refused_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``ckpt-train``'s entry point, in this process: the one line it prints and exit code 2.
+
+    Only for refusals made before any process group exists (the entry point would go on to
+    train otherwise).
+    """
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err and not captured.out
+    return lines[0]
+
+
+@pytest.fixture
+def no_engine_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in (*ENGINE_ENV, "LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
 
 
 @pytest.mark.parametrize(
@@ -41,16 +74,98 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
         ),
         (["--accelerator.mixed_precision=fp8"], "--accelerator.mixed_precision=fp8: choose no, bf16 or fp16"),
         (["--save_freq=3", "--accelerator.gradient_accumulation.steps=2"], "--save_freq=3: must be a multiple of"),
-        (["--checkpoint_format=dcp"], "--checkpoint_format=dcp: DCP shards need a sharded run"),
         (["--resume=true"], "--resume=true needs --config_path="),
         (["--checkpoint_format=zip"], "--checkpoint_format=zip: choose one of safetensors, dcp, safetensors_dcp"),
         (["--policy.type=mlp"], "--policy.dim_model: the mlp policy has no such field"),
+        (["--accelerator.fsdp.ignored_modules=enc(oder"], "--accelerator.fsdp.ignored_modules: not a valid regex"),
+        (["--peft.method_type=LORA", "--peft.r=4"], "--peft.* needs --policy.path"),
     ],
 )
-def test_bad_flags_are_refused_with_one_line(flags: list[str], needle: str, tmp_path: Path) -> None:
-    line = one_error_line(train(*TINY, *flags, f"--output_dir={tmp_path / 'out'}"))
+def test_bad_flags_are_refused_with_one_line(
+    flags: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_engine_env: object
+) -> None:
+    line = refused_in_process([*TINY, *flags, f"--output_dir={tmp_path / 'out'}"], capsys)
     assert needle in line
-    assert not (tmp_path / "out" / "checkpoints").exists()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, world, needle",
+    [
+        (["--checkpoint_format=dcp"], 1, "--checkpoint_format=dcp: DCP shards need a sharded run"),
+        (
+            ["--parallelism.dp_shard=3"],
+            2,
+            "--parallelism.dp_replicate × --parallelism.dp_shard = 1×3 = 3 ≠ world size 2 (processes launched);"
+            " pass --parallelism.dp_replicate=1 --parallelism.dp_shard=2 (FSDP)",
+        ),
+        (
+            ["--parallelism.dp_shard=2", "--accelerator.fsdp.mixed_precision_policy.param_dtype=bfloat16"],
+            1,
+            "--parallelism.dp_replicate × --parallelism.dp_shard = 1×2 = 2 ≠ world size 1",
+        ),
+        (
+            ["--accelerator.fsdp.mixed_precision_policy.param_dtype=bfloat16"],
+            2,
+            "--accelerator.fsdp.mixed_precision_policy.* applies to sharded runs only",
+        ),
+    ],
+)
+def test_the_world_size_refusals(flags: list[str], world: int, needle: str, tmp_path: Path) -> None:
+    """What only the launched world size refuses, checked once the process group exists."""
+    cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path / 'out'}"])
+    cfg.validate()
+    with pytest.raises(ConfigError) as refused:
+        cfg.validate_for_world(world)
+    assert needle in str(refused.value)
+
+
+def test_a_refusal_is_one_line_and_exit_2_from_the_command(tmp_path: Path) -> None:
+    """The contract end to end: a real ``ckpt-train`` process, refused before and after its process group."""
+    before = train(*TINY, "--accelerator.mixed_precision=fp8", f"--output_dir={tmp_path / 'a'}")
+    assert before.returncode == 2 and "choose no, bf16 or fp16" in one_error_line(before)
+    after = train(*TINY, "--checkpoint_format=dcp", f"--output_dir={tmp_path / 'b'}")
+    assert after.returncode == 2 and "DCP shards need a sharded run" in one_error_line(after)
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_the_saved_config_reads_back_as_the_settings_the_trainer_checked(tmp_path: Path) -> None:
+    """``train_config.json`` is what ``reshard-plan`` / ``verify-resume`` apply the start-up rules to."""
+    from ckpt_tools.format.train_config import SavedConfig
+    from ckpt_tools.train.checkpoint.manager import train_config_dict
+
+    for flags in (
+        [],
+        ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=-1", "--checkpoint_format=dcp"],
+        ["--accelerator.gradient_accumulation.steps=2", "--save_freq=4", "--log_freq=3", "--steps=9"],
+        ['--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]', r"--accelerator.fsdp.ignored_modules=encoder\..*"],
+        ["--accelerator.fsdp.min_num_params=1000", "--collective_timeout_s=30", "--scheduler.type=constant"],
+        ["--accelerator.mixed_precision=fp16", "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16"],
+        ["--accelerator.fsdp.mixed_precision_policy.cast_forward_inputs=false", "--optimizer.lr=3e-4"],
+        ["--peft.r=4", "--peft.method_type=lora"],
+    ):
+        cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
+        saved = SavedConfig(tmp_path / "train_config.json", json.loads(json.dumps(train_config_dict(cfg))))
+        assert saved.run_settings() == cfg.run_settings(), flags
+
+
+def test_accelerate_engine_variables_are_refused_unless_acknowledged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_engine_env: pytest.MonkeyPatch
+) -> None:
+    for name, value in ENGINE_ENV.items():
+        no_engine_env.setenv(name, value)
+    line = refused_in_process([*TINY, "--steps=1", f"--output_dir={tmp_path / 'a'}"], capsys)
+    assert "ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY" in line
+    assert "LEROBOT_ALLOW_ACCELERATE_ENV=1" in line
+    for allow in ("LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV"):
+        assert check_accelerate_env({**ENGINE_ENV, allow: "1"}) == sorted(ENGINE_ENV)
+    # What a plain `accelerate launch` exports is not an engine configuration.
+    assert check_accelerate_env({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO"}) == []
+    assert check_accelerate_env({"ACCELERATE_USE_CPU": "True"}) == []
+    # Acknowledged, the run goes on and says what it ignores.
+    env = {**ENGINE_ENV, "LEROBOT_ALLOW_ACCELERATE_ENV": "1"}
+    proc = ok(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={tmp_path / 'ack'}", env=env))
+    assert "acknowledged and ignored" in proc.stdout
 
 
 def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path: Path) -> None:
@@ -62,26 +177,10 @@ def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path: Path)
     assert (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes() == before
 
 
-def test_accelerate_engine_variables_are_refused_unless_acknowledged(tmp_path: Path) -> None:
-    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "FULL_SHARD", "ACCELERATE_MIXED_PRECISION": "bf16"}
-    line = one_error_line(train(*TINY, "--steps=1", f"--output_dir={tmp_path / 'a'}", env=env))
-    assert "ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY" in line
-    assert "LEROBOT_ALLOW_ACCELERATE_ENV=1" in line
-    for allow in ("LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV"):
-        proc = ok(
-            train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={tmp_path / allow}", env={**env, allow: "1"})
-        )
-        assert "acknowledged and ignored" in proc.stdout
-    # What a plain `accelerate launch` exports is not an engine configuration.
-    neutral = {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_USE_CPU": "True"}
-    ok(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={tmp_path / 'plain'}", env=neutral))
-
-
 @pytest.mark.torchrun
 @pytest.mark.parametrize(
     "flags, needle",
     [
-        (["--parallelism.dp_shard=3"], "--parallelism.dp_replicate × --parallelism.dp_shard = 1×3 = 3 ≠ world size 2"),
         (
             ["--policy.type=mlp", "--parallelism.dp_shard=2"],
             "the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator.fsdp.wrap_modules",
@@ -176,10 +275,12 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
     ],
     ids=["100k-deep", "5000-digit-int", "a-list"],
 )
-def test_a_hostile_policy_config_is_one_line(content: str, needle: str, tmp_path: Path) -> None:
+def test_a_hostile_policy_config_is_one_line(
+    content: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_engine_env: object
+) -> None:
     policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "config.json").write_text(content)
     flags = [a for a in TINY if not a.startswith("--policy.")]
-    line = one_error_line(train(*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"))
+    line = refused_in_process([*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"], capsys)
     assert needle in line

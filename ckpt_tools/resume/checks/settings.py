@@ -11,14 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckpt_tools.errors import CkptError
+from ckpt_tools.format import dataset
 from ckpt_tools.format import layout as L
+from ckpt_tools.format.record import BatchFactorization
+from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.scaling import linear_scaling
+from ckpt_tools.format.rules.startup import resolve_parallelism
 from ckpt_tools.resume.checks.model import Check
 from ckpt_tools.resume.source import ResumeSource
 from ckpt_tools.resume.target import ResumeTarget
 from ckpt_tools.st.header import read_header
-
-DATASET_FRAMES = Path("data") / "frames.safetensors"  # the training core's dataset layout
-DATASET_LENGTH_COLUMN = "observation.state"
 
 
 def settings_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
@@ -91,9 +93,7 @@ def _config_vs_record(source: ResumeSource) -> Check:
             differences.append(f"{name} {configured} (config) vs {recorded} (record)")
     topo = record.topology
     if topo is not None and config.dp_replicate is not None and config.dp_shard is not None:
-        from ckpt_tools.resume.target import resolve_parallelism
-
-        resolved = resolve_parallelism(config.dp_replicate, config.dp_shard, topo.world_size, [])
+        resolved, _ = resolve_parallelism(config.dp_replicate, config.dp_shard, topo.world_size)
         if resolved != (topo.dp_replicate, topo.dp_shard):
             differences.append(
                 f"parallelism {config.dp_replicate}×{config.dp_shard} (config) vs"
@@ -123,16 +123,15 @@ def _precision(source: ResumeSource, target: ResumeTarget) -> Check:
 
 
 def _pretrained(source: ResumeSource) -> list[Check]:
-    """``--policy.path`` is loaded again on resume (the PEFT base, or a fine-tune's starting point)."""
+    """``--policy.path`` is loaded again on resume (the PEFT base, or a fine-tune's starting point).
+
+    A PEFT run without one is a start-up refusal (:mod:`ckpt_tools.format.rules.startup`).
+    """
     out = []
     path = source.config.policy_path if source.config else None
     name = "peft-base" if source.peft else "pretrained-policy"
     if path:
         out.append(_policy_dir(name, path, "train_config.json policy.path", "the resume rebuilds the model from"))
-    elif source.peft:
-        out.append(
-            Check.fail(name, "--peft.* needs --policy.path (the saved base policy the adapter is trained on); none set")
-        )
     if source.peft:
         out.append(_adapter_config(source))
     return out
@@ -182,14 +181,14 @@ def _dataset(source: ResumeSource) -> Check:
         repo = config.dataset_repo_id if config else None
         where = f"--dataset.repo_id={repo}" if repo else "no dataset recorded"
         return Check.ok("dataset", f"{where}: resolved through the Hugging Face cache at start-up (not checked here)")
-    frames = Path(root).expanduser() / DATASET_FRAMES
+    frames = Path(root).expanduser() / dataset.FRAMES_FILE
     if not Path(root).expanduser().is_dir():
         return Check.fail("dataset", f"--dataset.root={root}: no such directory - the resume cannot load its data")
     try:
         header = read_header(frames)
     except CkptError as e:
         return Check.fail("dataset", f"--dataset.root={root}: {e}")
-    column = header.entries.get(DATASET_LENGTH_COLUMN)
+    column = header.entries.get(dataset.LENGTH_COLUMN)
     size = column.shape[0] if column is not None and column.shape else None
     if recorded is not None and size is not None and size != recorded:
         return Check.warn(
@@ -206,20 +205,9 @@ def _data_order(source: ResumeSource, target: ResumeTarget) -> Check:
     if record.sampler is not None:
         position = f"; the sampler resumes at epoch {record.sampler.epoch}, offset {record.sampler.offset}"
     now_world = target.topology.dp_world_size if target.topology else target.world_size
-    if record.dp_world_size is None or record.batch_size is None or target.batch_size is None:
-        return Check.warn("data-order", f"unknown: the record or the target lacks dp_world_size / batch_size{position}")
-    same = record.dp_world_size == now_world and record.batch_size == target.batch_size
-    if same:
-        return Check.ok(
-            "data-order",
-            f"sample-exact: same dp_world_size {now_world} and batch_size {target.batch_size}{position}",
-        )
-    return Check.warn(
-        "data-order",
-        f"not sample-exact: dp_world_size {record.dp_world_size} → {now_world}, batch_size {record.batch_size} →"
-        f" {target.batch_size}; the same global order is re-split, no sample of the epoch is skipped or"
-        f" repeated{position}",
-    )
+    change = DataOrderChange(record.dp_world_size, record.batch_size, now_world, target.batch_size)
+    check = Check.ok if change.sample_exact else Check.warn
+    return check("data-order", f"{change.describe()}{position}")
 
 
 def _effective_batch(source: ResumeSource, target: ResumeTarget) -> Check:
@@ -227,15 +215,17 @@ def _effective_batch(source: ResumeSource, target: ResumeTarget) -> Check:
     world = target.topology.dp_world_size if target.topology else target.world_size
     if before is None or target.batch_size is None or target.grad_accum_steps is None:
         return Check.warn("effective-batch", "unknown: the record or the target lacks batch_size / grad_accum")
-    after = target.batch_size * world * target.grad_accum_steps
-    if after == before.effective_batch_size:
-        return Check.ok("effective-batch", f"effective batch {after} (unchanged)")
-    lr = source.config.lr if source.config else None
-    hint = ""
-    if lr is not None:
-        hint = f"; linear scaling suggests --optimizer.lr={lr * after / before.effective_batch_size:.3g} (not applied)"
+    after = BatchFactorization(target.batch_size, world, target.grad_accum_steps)
+    if after.effective_batch_size == before.effective_batch_size:
+        return Check.ok("effective-batch", f"effective batch {after.effective_batch_size} (unchanged)")
+    config = source.config
+    scaling = linear_scaling(
+        before, after, lr=config.lr if config else None, steps=config.steps if config else None, step=source.record.step
+    )
+    suggested = scaling.describe()
     return Check.warn(
         "effective-batch",
-        f"effective batch {before.effective_batch_size} → {after}"
-        f" ({target.batch_size} × {world} × {target.grad_accum_steps}){hint}",
+        f"effective batch {before.effective_batch_size} → {after.effective_batch_size}"
+        f" ({target.batch_size} × {world} × {target.grad_accum_steps})"
+        + (f"; {suggested} (not applied)" if suggested else ""),
     )

@@ -32,6 +32,7 @@ from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
 from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.io.safe_read import read_json
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.audit import CountingReader, resident_bytes, write_audit
@@ -334,15 +335,10 @@ class CheckpointManager:
         s.step = record.step
         s.optimizer_steps = record.optimizer_steps or 0
         warnings = []
-        same_world = record.dp_world_size == s.sampler.world_size
-        same_batch = record.batch_size == s.cfg.batch_size
-        sample_exact = same_world and same_batch
+        order = DataOrderChange(record.dp_world_size, record.batch_size, s.sampler.world_size, s.cfg.batch_size)
+        sample_exact = order.sample_exact is True
         if not sample_exact:
-            warnings.append(
-                f"data order is not sample-exact: saved with dp_world_size={record.dp_world_size},"
-                f" batch_size={record.batch_size}; now {s.sampler.world_size}, {s.cfg.batch_size}"
-                " (the same global sample order is re-split: no sample of the epoch is skipped or repeated)"
-            )
+            warnings.append(f"data order is {order.describe()}")
         if not rng_restored:
             warnings.append("random generator state not restored (world size changed): dropout masks differ")
         return ResumeReport(record.step, step_dir, record, sample_exact, rng_restored, warnings)

@@ -26,12 +26,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json
 from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.parallel.wrap import ParallelModel
-
-STATE_PREFIX = "state."
 
 
 def trainable_names(parallel: ParallelModel) -> set[str]:
@@ -75,7 +74,7 @@ def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: P
     scalars: dict[str, Any] = {}
     for param_name, entries in osd["state"].items():
         for key, value in entries.items():
-            flat = f"{STATE_PREFIX}{param_name}.{key}"
+            flat = flat_optimizer_key(param_name, key)
             if isinstance(value, torch.Tensor):
                 tensors[flat] = value
             else:
@@ -104,8 +103,8 @@ def load_flat_optimizer(
 
 
 def _split_flat(flat: str, param_names: list[str]) -> tuple[str, str]:
-    body = flat.removeprefix(STATE_PREFIX)
-    name, _, key = body.rpartition(".")
+    """(parameter, slot) of a flat key, refusing state of a parameter the param groups do not list."""
+    name, key = split_flat_optimizer_key(flat)
     if name not in param_names:
         raise CheckpointError(f"optimizer state names an unknown parameter: {name}")
     return name, key

@@ -17,12 +17,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.dataset import (
+    ACTION_COLUMN,
+    EPISODE_COLUMN,
+    FRAMES_FILE,
+    INFO_FILE,
+    REQUIRED_COLUMNS,
+    STATE_COLUMN,
+    STATS_FILE,
+)
 from ckpt_tools.io.safe_read import read_json
-
-FRAMES_FILE = Path("data") / "frames.safetensors"
-INFO_FILE = Path("meta") / "info.json"
-STATS_FILE = Path("meta") / "stats.json"
-REQUIRED_COLUMNS = ("observation.state", "action", "episode_index")
 
 
 @dataclass
@@ -100,7 +104,7 @@ def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise ConfigError(f"dataset {root}: {FRAMES_FILE} lacks columns {missing}")
-    episode = columns["episode_index"].long()
+    episode = columns[EPISODE_COLUMN].long()
     if len(episode) == 0:
         raise ConfigError(f"dataset {root}: no frames")
     # Frames are stored episode by episode; each frame's episode ends where its index changes.
@@ -110,8 +114,8 @@ def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
     episode_end = torch.repeat_interleave(bounds, lengths)
     return RobotDataset(
         root=root,
-        state=columns["observation.state"].float(),
-        action=columns["action"].float(),
+        state=columns[STATE_COLUMN].float(),
+        action=columns[ACTION_COLUMN].float(),
         episode_end=episode_end,
         stats=stats,
         chunk_size=chunk_size,

@@ -9,7 +9,6 @@ run with none of them is refused rather than silently wrapping only the root.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import Layout, layout_for
+from ckpt_tools.format.rules.ignored_modules import ignored_regex, module_is_ignored
 from ckpt_tools.train.config import FSDPConfig
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.precision import PrecisionPlan
@@ -124,10 +125,10 @@ def check_tied_weights(model: nn.Module, unit_paths: list[str]) -> None:
 
 def ignored_parameters(model: nn.Module, pattern: str | None) -> tuple[list[nn.Parameter], list[str]]:
     """Parameters of modules whose path fully matches ``pattern`` (kept unsharded)."""
-    if not pattern:
+    regex = ignored_regex(pattern)
+    if regex is None:
         return [], []
-    regex = re.compile(pattern)
-    matched = [path for path, _ in model.named_modules() if path and regex.fullmatch(path)]
+    matched = [path for path, _ in model.named_modules() if module_is_ignored(path, regex)]
     params: dict[int, nn.Parameter] = {}
     for path in matched:
         for p in model.get_submodule(path).parameters():
@@ -135,7 +136,7 @@ def ignored_parameters(model: nn.Module, pattern: str | None) -> tuple[list[nn.P
     if not matched:
         raise ConfigError(
             f"--accelerator.fsdp.ignored_modules={pattern}: matches no module path"
-            " (paths look like 'encoder.layers.0'; with PEFT they start with 'base_model.model.')"
+            f" (paths look like 'encoder.layers.0'; with PEFT they start with '{PEFT_MODEL_PREFIX}')"
         )
     return list(params.values()), matched
 

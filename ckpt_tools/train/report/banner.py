@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ckpt_tools.format.record import BatchFactorization, Topology
+from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.parallel.precision import PrecisionPlan
 from ckpt_tools.train.parallel.wrap import ParallelModel
@@ -38,10 +39,9 @@ def banner_lines(
         )
     lr_line = f"  lr          {cfg.optimizer.lr:g} ({cfg.scheduler.type}); never scaled automatically"
     if topology.dp_world_size > 1:
-        lr_line += (
-            f" - linear scaling from 1 process would be --optimizer.lr={cfg.optimizer.lr * topology.dp_world_size:g}"
-            f" or --steps={max(1, cfg.steps // topology.dp_world_size)}"
-        )
+        one_process = BatchFactorization(cfg.batch_size, 1, cfg.grad_accum_steps)
+        scaling = linear_scaling(one_process, batch, lr=cfg.optimizer.lr, steps=cfg.steps)
+        lr_line += f" - from 1 process, {scaling.describe()}"
     lines.append(lr_line)
     if cfg.save_checkpoint:
         fmt = cfg.checkpoint_format if parallel.sharded else "safetensors"

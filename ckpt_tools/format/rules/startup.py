@@ -1,0 +1,258 @@
+"""The start-up rules of a training run: what it refuses, and the data-parallel mesh it builds.
+
+The trainer applies them to its parsed flags - :func:`setting_refusals` before any process
+group exists, :func:`world_refusals` once the launcher's world size is known - and stops at
+the first refusal. ``reshard-plan`` and ``verify-resume`` apply the same functions to a
+checkpoint's ``train_config.json`` merged with the resume flags, and list every refusal. A
+refusal is one line naming the trainer's flag; whoever asks gets the same line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ckpt_tools.format.layout import CheckpointFormat
+
+MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+POLICY_DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy fields
+OPTIMIZER_TYPES = ("adamw",)
+SCHEDULER_TYPES = ("cosine", "constant")
+PEFT_METHODS = ("LORA",)
+CHECKPOINT_FORMATS = tuple(f.value for f in CheckpointFormat)
+
+# The trainer's flag for each setting a fix names.
+FLAGS = {
+    "dp_replicate": "--parallelism.dp_replicate",
+    "dp_shard": "--parallelism.dp_shard",
+    "checkpoint_format": "--checkpoint_format",
+}
+
+Mesh = tuple[int, int]  # (dp_replicate, dp_shard)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The values the start-up rules look at, as plain data.
+
+    The trainer fills every field from its config. A tool reading ``train_config.json`` leaves
+    None what the file does not say (or says with the wrong type): that rule is not checked,
+    since the trainer's config decoder refuses such a file on its own.
+    """
+
+    steps: int | None = None
+    batch_size: int | None = None
+    save_freq: int | None = None
+    log_freq: int | None = None
+    collective_timeout_s: float | None = None
+    grad_accum_steps: int | None = None
+    checkpoint_format: str | None = None
+    optimizer_type: str | None = None
+    lr: float | None = None
+    scheduler_type: str | None = None
+    mixed_precision: str | None = None
+    wrap_modules: Sequence[str] | None = None
+    min_num_params: int | None = None
+    ignored_modules: str | None = None
+    # FSDP2 MixedPrecisionPolicy: only the fields that are set (param_dtype, reduce_dtype, ...).
+    mixed_precision_policy: Mapping[str, object] = field(default_factory=dict)
+    peft: bool = False
+    peft_method: str | None = None
+    peft_r: int | None = None
+    policy_path: str | None = None  # None: no --policy.path (PEFT needs one)
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+
+
+@dataclass(frozen=True)
+class Fix:
+    """Settings that would pass instead of the refused ones, e.g. ``dp_replicate=1, dp_shard=2``."""
+
+    settings: tuple[tuple[str, object], ...]
+    label: str = ""  # what it gives, e.g. "FSDP"
+
+    def spell(self, flags: Mapping[str, str] = FLAGS, sep: str = "=") -> str:
+        """The fix as flags: the trainer's by default; a tool passes its own names (and ``sep=" "``)."""
+        return " ".join(f"{flags[name]}{sep}{value}" for name, value in self.settings)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One start-up refusal: what is wrong, naming the flag, and the settings that would pass."""
+
+    reason: str
+    fixes: tuple[Fix, ...] = ()
+
+    @property
+    def message(self) -> str:
+        """The one line the trainer prints."""
+        if not self.fixes:
+            return self.reason
+        fixes = [f"{fix.spell()} ({fix.label})" if fix.label else fix.spell() for fix in self.fixes]
+        return f"{self.reason}; pass {' or '.join(fixes)}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _one_of(choices: Sequence[str]) -> str:
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
+# ====================================================================== before any process group
+
+
+def setting_refusals(s: RunSettings) -> list[Refusal]:
+    """Every refusal that needs no world size, in the order the trainer checks them."""
+    return [Refusal(text) for text in _counts(s) + _choices(s) + _accelerator(s) + _peft(s)]
+
+
+def _counts(s: RunSettings) -> list[str]:
+    out = []
+    for name, value in (
+        ("steps", s.steps),
+        ("batch_size", s.batch_size),
+        ("save_freq", s.save_freq),
+        ("log_freq", s.log_freq),
+    ):
+        if value is not None and value <= 0:
+            out.append(f"--{name}={value}: must be a positive integer")
+    if s.collective_timeout_s is not None and s.collective_timeout_s <= 0:
+        out.append(f"--collective_timeout_s={s.collective_timeout_s}: must be positive (seconds)")
+    accum = s.grad_accum_steps
+    if accum is not None and accum <= 0:
+        out.append(f"--accelerator.gradient_accumulation.steps={accum}: must be ≥ 1")
+    elif accum is not None and s.save_freq is not None and s.save_freq > 0 and s.save_freq % accum:
+        out.append(
+            f"--save_freq={s.save_freq}: must be a multiple of --accelerator.gradient_accumulation.steps={accum}"
+            " (a checkpoint must not fall inside an accumulation window)"
+        )
+    return out
+
+
+def _choices(s: RunSettings) -> list[str]:
+    out = []
+    if s.checkpoint_format is not None and s.checkpoint_format not in CHECKPOINT_FORMATS:
+        out.append(f"--checkpoint_format={s.checkpoint_format}: choose one of {', '.join(CHECKPOINT_FORMATS)}")
+    if s.optimizer_type is not None and s.optimizer_type not in OPTIMIZER_TYPES:
+        out.append(f"--optimizer.type={s.optimizer_type}: only {_one_of(OPTIMIZER_TYPES)} is supported")
+    if s.lr is not None and s.lr <= 0:
+        out.append(f"--optimizer.lr={s.lr}: must be positive")
+    if s.scheduler_type is not None and s.scheduler_type not in SCHEDULER_TYPES:
+        out.append(f"--scheduler.type={s.scheduler_type}: choose {_one_of(SCHEDULER_TYPES)}")
+    return out
+
+
+def _accelerator(s: RunSettings) -> list[str]:
+    from ckpt_tools.format.rules.ignored_modules import pattern_problem
+
+    out = []
+    if s.mixed_precision is not None and s.mixed_precision not in MIXED_PRECISION_CHOICES:
+        out.append(f"--accelerator.mixed_precision={s.mixed_precision}: choose {_one_of(MIXED_PRECISION_CHOICES)}")
+    if s.wrap_modules is not None and s.min_num_params is not None:
+        out.append("--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are exclusive: pass one")
+    if s.min_num_params is not None and s.min_num_params <= 0:
+        out.append(f"--accelerator.fsdp.min_num_params={s.min_num_params}: must be positive")
+    problem = pattern_problem(s.ignored_modules)
+    if problem is not None:
+        out.append(f"--accelerator.fsdp.ignored_modules: not a valid regex ({problem})")
+    policy = s.mixed_precision_policy
+    prefix = "--accelerator.fsdp.mixed_precision_policy"
+    for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+        value = policy.get(name)
+        if value is not None and value not in POLICY_DTYPES:
+            out.append(f"{prefix}.{name}={value}: choose {_one_of(POLICY_DTYPES)}")
+    if policy and policy.get("param_dtype") is None:
+        out.append(
+            f"{prefix}.param_dtype is required once any mixed_precision_policy field is set"
+            " (the policy is built from those fields alone)"
+        )
+    uses_fp16 = "float16" in (policy.get("param_dtype"), policy.get("reduce_dtype"), policy.get("output_dtype"))
+    if uses_fp16 and s.mixed_precision != "fp16":
+        out.append(f"{prefix}.*=float16 needs --accelerator.mixed_precision=fp16 (it builds the loss scaler)")
+    return out
+
+
+def _peft(s: RunSettings) -> list[str]:
+    if not s.peft:
+        return []
+    out = []
+    if s.peft_method is not None and s.peft_method.upper() not in PEFT_METHODS:
+        out.append(f"--peft.method_type={s.peft_method}: only {_one_of(PEFT_METHODS)} is supported")
+    if not s.policy_path:
+        out.append("--peft.* needs --policy.path (the saved base policy the adapter is trained on)")
+    if s.peft_r is not None and s.peft_r <= 0:
+        out.append(f"--peft.r={s.peft_r}: must be positive")
+    return out
+
+
+# ====================================================================== once the world size is known
+
+
+def resolve_parallelism(dp_replicate: int, dp_shard: int, world_size: int) -> tuple[Mesh | None, Refusal | None]:
+    """The (dp_replicate, dp_shard) mesh a launch of ``world_size`` processes builds, or its refusal.
+
+    ``dp_shard=-1`` takes the processes ``dp_replicate`` leaves; ``1×1`` on several processes
+    is a plain multi-process launch, DDP over every process.
+    """
+    r, s = dp_replicate, dp_shard
+    if r <= 0:
+        return None, Refusal(f"--parallelism.dp_replicate={r}: must be ≥ 1")
+    if s == -1:
+        if world_size % r:
+            return None, Refusal(
+                f"--parallelism.dp_shard=-1 with --parallelism.dp_replicate={r}: world size {world_size}"
+                f" is not divisible by {r}"
+            )
+        s = world_size // r
+    elif s <= 0:
+        return None, Refusal(f"--parallelism.dp_shard={s}: must be ≥ 1 or -1 (all launched processes)")
+    if r * s == 1 and world_size > 1:
+        return (world_size, 1), None
+    if r * s != world_size:
+        return None, Refusal(
+            f"--parallelism.dp_replicate × --parallelism.dp_shard = {r}×{s} = {r * s}"
+            f" ≠ world size {world_size} (processes launched)",
+            _fitting(world_size),
+        )
+    return (r, s), None
+
+
+def _fitting(world_size: int) -> tuple[Fix, ...]:
+    """Meshes that fit ``world_size`` processes: FSDP over all of them, or DDP."""
+    one = Fix((("dp_replicate", 1), ("dp_shard", 1)))
+    if world_size == 1:
+        return (one,)
+    return Fix((("dp_replicate", 1), ("dp_shard", world_size)), "FSDP"), Fix(one.settings, "DDP")
+
+
+def world_refusals(s: RunSettings, world_size: int) -> tuple[Mesh | None, list[Refusal]]:
+    """The mesh ``world_size`` processes build from ``s`` (None: refused) and what the world size refuses.
+
+    ``dp_replicate`` / ``dp_shard`` left None read as 1 (the trainer's defaults).
+    """
+    mesh, refusal = resolve_parallelism(
+        1 if s.dp_replicate is None else s.dp_replicate, 1 if s.dp_shard is None else s.dp_shard, world_size
+    )
+    if mesh is None:
+        assert refusal is not None
+        return None, [refusal]
+    out = []
+    sharded = mesh[1] > 1
+    if not sharded:
+        fmt = s.checkpoint_format
+        if fmt is not None and fmt in CHECKPOINT_FORMATS and fmt != CheckpointFormat.SAFETENSORS.value:
+            out.append(
+                Refusal(
+                    f"--checkpoint_format={fmt}: DCP shards need a sharded run (--parallelism.dp_shard > 1)",
+                    (Fix((("checkpoint_format", CheckpointFormat.SAFETENSORS.value),), "what non-sharded runs save"),),
+                )
+            )
+        if s.mixed_precision_policy:
+            out.append(
+                Refusal(
+                    "--accelerator.fsdp.mixed_precision_policy.* applies to sharded runs only"
+                    " (use --accelerator.mixed_precision)"
+                )
+            )
+    return mesh, out

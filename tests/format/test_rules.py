@@ -1,0 +1,276 @@
+"""The start-up and resume rules both halves call: each tested once, as plain functions."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
+from ckpt_tools.format.record import BatchFactorization, layout_for
+from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.ignored_modules import (
+    ignored_regex,
+    module_is_ignored,
+    parameter_is_ignored,
+    pattern_problem,
+)
+from ckpt_tools.format.rules.scaling import linear_scaling
+from ckpt_tools.format.rules.startup import (
+    RunSettings,
+    resolve_parallelism,
+    setting_refusals,
+    world_refusals,
+)
+
+# ====================================================================== parallelism
+
+
+def _expected_mesh(r: int, s: int, world: int) -> tuple[int, int] | None:
+    """The rule stated independently: R ≥ 1; S ≥ 1 or -1 (the rest); 1×1 on many is DDP; R×S = world."""
+    if r < 1 or (s < 1 and s != -1):
+        return None
+    if s == -1:
+        if world % r:
+            return None
+        s = world // r
+    if (r, s) == (1, 1):
+        return (world, 1)
+    return (r, s) if r * s == world else None
+
+
+def test_resolve_parallelism_over_a_grid() -> None:
+    for world, r, s in itertools.product([1, 2, 3, 4, 6, 8], [-1, 0, 1, 2, 3, 4], [-2, -1, 0, 1, 2, 3, 4, 8]):
+        mesh, refusal = resolve_parallelism(r, s, world)
+        assert mesh == _expected_mesh(r, s, world), (world, r, s)
+        assert (refusal is None) == (mesh is not None), (world, r, s)
+        if mesh is not None:
+            layout_for(world, *mesh)  # a mesh that multiplies out to the world size
+
+
+@pytest.mark.parametrize(
+    ("r", "s", "world", "line"),
+    [
+        (0, 1, 2, "--parallelism.dp_replicate=0: must be ≥ 1"),
+        (1, 0, 2, "--parallelism.dp_shard=0: must be ≥ 1 or -1 (all launched processes)"),
+        (3, -1, 4, "--parallelism.dp_shard=-1 with --parallelism.dp_replicate=3: world size 4 is not divisible by 3"),
+        (
+            1,
+            3,
+            2,
+            "--parallelism.dp_replicate × --parallelism.dp_shard = 1×3 = 3 ≠ world size 2 (processes launched);"
+            " pass --parallelism.dp_replicate=1 --parallelism.dp_shard=2 (FSDP)"
+            " or --parallelism.dp_replicate=1 --parallelism.dp_shard=1 (DDP)",
+        ),
+        (
+            2,
+            2,
+            1,
+            "--parallelism.dp_replicate × --parallelism.dp_shard = 2×2 = 4 ≠ world size 1 (processes launched);"
+            " pass --parallelism.dp_replicate=1 --parallelism.dp_shard=1",
+        ),
+    ],
+)
+def test_parallelism_refusals_name_the_flags(r: int, s: int, world: int, line: str) -> None:
+    mesh, refusal = resolve_parallelism(r, s, world)
+    assert mesh is None and refusal is not None and refusal.message == line
+
+
+def test_a_suggested_fix_resolves() -> None:
+    for world in (1, 2, 3, 4, 6):
+        _, refusal = resolve_parallelism(5, 5, world)
+        assert refusal is not None and refusal.fixes
+        for fix in refusal.fixes:
+            values = dict(fix.settings)
+            mesh, again = resolve_parallelism(values["dp_replicate"], values["dp_shard"], world)  # type: ignore[arg-type]
+            assert mesh is not None and again is None
+
+
+def test_non_sharded_world_refusals() -> None:
+    dcp = RunSettings(checkpoint_format="safetensors_dcp", mixed_precision_policy={"param_dtype": "bfloat16"})
+    mesh, refusals = world_refusals(dcp, 2)  # dp_replicate/dp_shard unset: 1×1, DDP over 2
+    assert mesh == (2, 1)
+    assert [r.message for r in refusals] == [
+        "--checkpoint_format=safetensors_dcp: DCP shards need a sharded run (--parallelism.dp_shard > 1);"
+        " pass --checkpoint_format=safetensors (what non-sharded runs save)",
+        "--accelerator.fsdp.mixed_precision_policy.* applies to sharded runs only (use --accelerator.mixed_precision)",
+    ]
+    sharded = RunSettings(dp_shard=2, checkpoint_format="dcp", mixed_precision_policy={"param_dtype": "bfloat16"})
+    assert world_refusals(sharded, 2) == ((1, 2), [])
+    # A format that is no format at all is a setting refusal, not this one's.
+    assert world_refusals(RunSettings(checkpoint_format="zip"), 1) == ((1, 1), [])
+    mesh, refusals = world_refusals(RunSettings(dp_shard=3, checkpoint_format="dcp"), 2)
+    assert mesh is None and len(refusals) == 1 and "≠ world size 2" in refusals[0].message
+
+
+# ====================================================================== settings
+
+
+def _lines(**settings: object) -> list[str]:
+    return [r.message for r in setting_refusals(RunSettings(**settings))]  # type: ignore[arg-type]
+
+
+def test_unknown_settings_are_not_checked() -> None:
+    assert _lines() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        ({"steps": 0}, "--steps=0: must be a positive integer"),
+        ({"batch_size": -1}, "--batch_size=-1: must be a positive integer"),
+        ({"log_freq": 0}, "--log_freq=0: must be a positive integer"),
+        ({"collective_timeout_s": 0.0}, "--collective_timeout_s=0.0: must be positive (seconds)"),
+        ({"grad_accum_steps": 0}, "--accelerator.gradient_accumulation.steps=0: must be ≥ 1"),
+        (
+            {"save_freq": 3, "grad_accum_steps": 2},
+            "--save_freq=3: must be a multiple of --accelerator.gradient_accumulation.steps=2"
+            " (a checkpoint must not fall inside an accumulation window)",
+        ),
+        ({"checkpoint_format": "zip"}, "--checkpoint_format=zip: choose one of safetensors, dcp, safetensors_dcp"),
+        ({"optimizer_type": "sgd"}, "--optimizer.type=sgd: only adamw is supported"),
+        ({"lr": 0.0}, "--optimizer.lr=0.0: must be positive"),
+        ({"scheduler_type": "step"}, "--scheduler.type=step: choose cosine or constant"),
+        ({"mixed_precision": "fp8"}, "--accelerator.mixed_precision=fp8: choose no, bf16 or fp16"),
+        (
+            {"wrap_modules": ["Block"], "min_num_params": 10},
+            "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are exclusive: pass one",
+        ),
+        ({"min_num_params": 0}, "--accelerator.fsdp.min_num_params=0: must be positive"),
+        (
+            {"ignored_modules": "enc(oder"},
+            "--accelerator.fsdp.ignored_modules: not a valid regex (missing ), unterminated subpattern at position 3)",
+        ),
+        (
+            {"mixed_precision_policy": {"param_dtype": "fp32"}},
+            "--accelerator.fsdp.mixed_precision_policy.param_dtype=fp32: choose float32, bfloat16 or float16",
+        ),
+        (
+            {"mixed_precision_policy": {"reduce_dtype": "float32"}},
+            "--accelerator.fsdp.mixed_precision_policy.param_dtype is required once any mixed_precision_policy"
+            " field is set (the policy is built from those fields alone)",
+        ),
+        (
+            {"mixed_precision_policy": {"param_dtype": "float16"}, "mixed_precision": "bf16"},
+            "--accelerator.fsdp.mixed_precision_policy.*=float16 needs --accelerator.mixed_precision=fp16"
+            " (it builds the loss scaler)",
+        ),
+        ({"peft": True, "peft_method": "IA3", "policy_path": "p"}, "--peft.method_type=IA3: only LORA is supported"),
+        (
+            {"peft": True},
+            "--peft.* needs --policy.path (the saved base policy the adapter is trained on)",
+        ),
+        ({"peft": True, "policy_path": "p", "peft_r": 0}, "--peft.r=0: must be positive"),
+    ],
+)
+def test_each_setting_refusal(settings: dict[str, object], line: str) -> None:
+    assert _lines(**settings) == [line]
+
+
+def test_passing_settings_are_quiet() -> None:
+    good = RunSettings(
+        steps=10,
+        batch_size=8,
+        save_freq=4,
+        log_freq=1,
+        collective_timeout_s=600.0,
+        grad_accum_steps=2,
+        checkpoint_format="dcp",
+        optimizer_type="adamw",
+        lr=1e-4,
+        scheduler_type="constant",
+        mixed_precision="fp16",
+        wrap_modules=["Block"],
+        ignored_modules=r"encoder\..*",
+        mixed_precision_policy={"param_dtype": "float16"},
+        peft=True,
+        peft_method="lora",  # the trainer upper-cases it
+        peft_r=8,
+        policy_path="base",
+    )
+    assert setting_refusals(good) == []
+
+
+def test_every_refusal_is_listed_in_the_trainers_order() -> None:
+    lines = _lines(steps=0, grad_accum_steps=2, save_freq=3, mixed_precision="fp8", peft=True)
+    assert [line.split(":")[0].split("=")[0] for line in lines] == [
+        "--steps",
+        "--save_freq",
+        "--accelerator.mixed_precision",
+        "--peft.* needs --policy.path (the saved base policy the adapter is trained on)",
+    ]
+
+
+# ====================================================================== data order and scaling
+
+
+def test_sample_exact_only_with_the_same_split() -> None:
+    same = DataOrderChange(2, 8, 2, 8)
+    assert same.sample_exact is True
+    assert same.describe() == "sample-exact: same dp_world_size 2 and batch_size 8"
+    for change in (DataOrderChange(2, 8, 4, 8), DataOrderChange(2, 8, 2, 4), DataOrderChange(4, 4, 2, 8)):
+        assert change.sample_exact is False  # 4×4 and 2×8 consume the same 16 per step, split differently
+        assert change.describe().startswith("not sample-exact: dp_world_size ")
+        assert "no sample of the epoch is skipped or repeated" in change.describe()
+    unknown = DataOrderChange(None, 8, 2, 8)
+    assert unknown.sample_exact is None and unknown.describe().startswith("unknown:")
+
+
+def test_linear_scaling_keeps_lr_per_sample_and_the_remaining_samples() -> None:
+    before, after = BatchFactorization(8, 2, 1), BatchFactorization(8, 4, 1)  # 16 → 32 per step
+    scaling = linear_scaling(before, after, lr=1e-3, steps=100, step=40)
+    assert scaling.lr_after == pytest.approx(2e-3)
+    assert scaling.remaining_samples == 60 * 16
+    assert scaling.steps_after == 40 + 30
+    assert not scaling.unchanged
+    assert scaling.describe() == (
+        "linear scaling suggests --optimizer.lr=0.002 (lr × 32/16)"
+        " and --steps=70 (the same 960 remaining samples at 32/step)"
+    )
+    # Uneven: never fewer samples than before (the last step is rounded up).
+    assert linear_scaling(before, BatchFactorization(8, 3, 1), lr=None, steps=10).steps_after == 7
+    # Accumulation changes the effective batch, not the samples per step: lr only.
+    accum = linear_scaling(before, BatchFactorization(8, 2, 2), lr=1e-3, steps=100, step=40)
+    assert accum.steps_after == 100 and accum.describe() == "linear scaling suggests --optimizer.lr=0.002 (lr × 32/16)"
+    same = linear_scaling(before, BatchFactorization(4, 4, 1), lr=1e-3, steps=100, step=40)
+    assert same.unchanged and same.describe() == ""
+    assert linear_scaling(before, after, lr=None, steps=None).describe() == ""
+
+
+# ====================================================================== ignored modules
+
+
+def test_ignored_modules_match_whole_paths_and_cover_what_is_below() -> None:
+    regex = ignored_regex(r"encoder\.layers\.\d+")
+    assert regex is not None
+    assert module_is_ignored("encoder.layers.0", regex)
+    assert not module_is_ignored("encoder.layers.0.attn", regex)  # a full match, not a prefix
+    assert not module_is_ignored("", regex)  # the root never is
+    assert parameter_is_ignored("encoder.layers.0.attn.weight", regex)  # below an ignored module
+    assert not parameter_is_ignored("encoder.layers.weight", regex)
+    assert not parameter_is_ignored("decoder.layers.0.weight", regex)
+    peft = ignored_regex(r"base_model\.model\.head")
+    assert parameter_is_ignored("head.weight", peft, "base_model.model.")
+    assert not parameter_is_ignored("head.weight", peft)
+    assert ignored_regex(None) is None and ignored_regex("") is None
+    assert ignored_regex("a(") is None and pattern_problem("a(") == str(_re_error("a("))
+    assert pattern_problem(None) is None and pattern_problem("a|b") is None
+
+
+def _re_error(pattern: str) -> re.error:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return e
+    raise AssertionError(pattern)
+
+
+# ====================================================================== flat optimizer keys
+
+
+def test_flat_optimizer_keys_round_trip_through_dotted_names() -> None:
+    for param, slot in (("w", "step"), ("encoder.layers.0.weight", "exp_avg"), ("a.b", "exp_avg_sq")):
+        key = flat_optimizer_key(param, slot)
+        assert key.startswith("state.") and split_flat_optimizer_key(key) == (param, slot)
+    assert split_flat_optimizer_key("stray") == ("", "stray")  # no parameter: the loader refuses it

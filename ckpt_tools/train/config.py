@@ -11,10 +11,14 @@ of the start-up rules (:mod:`ckpt_tools.format.rules.startup`, which ``reshard-p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import draccus
 
 from ckpt_tools.errors import ConfigError, UsageError
-from ckpt_tools.format.layout import CheckpointFormat
+from ckpt_tools.format.layout import TRAIN_CONFIG, CheckpointFormat
 from ckpt_tools.format.rules.startup import RunSettings, setting_refusals, world_refusals
+from ckpt_tools.format.train_config import SavedConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 
@@ -142,33 +146,11 @@ class TrainConfig:
         return CheckpointFormat(self.checkpoint_format)
 
     def run_settings(self) -> RunSettings:
-        """What the start-up rules check, read off this config."""
-        fsdp = self.accelerator.fsdp
-        policy = fsdp.mixed_precision_policy
-        policy_fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
-        return RunSettings(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            save_freq=self.save_freq,
-            log_freq=self.log_freq,
-            collective_timeout_s=self.collective_timeout_s,
-            grad_accum_steps=self.grad_accum_steps,
-            checkpoint_format=self.checkpoint_format,
-            optimizer_type=self.optimizer.type,
-            lr=self.optimizer.lr,
-            scheduler_type=self.scheduler.type,
-            mixed_precision=self.accelerator.mixed_precision,
-            wrap_modules=fsdp.wrap_modules,
-            min_num_params=fsdp.min_num_params,
-            ignored_modules=fsdp.ignored_modules,
-            mixed_precision_policy={n: getattr(policy, n) for n in policy_fields if getattr(policy, n) is not None},
-            peft=self.peft is not None,
-            peft_method=self.peft.method_type if self.peft else None,
-            peft_r=self.peft.r if self.peft else None,
-            policy_path=self.policy.path if self.policy else None,
-            dp_replicate=self.parallelism.dp_replicate,
-            dp_shard=self.parallelism.dp_shard,
-        )
+        """What the start-up rules check, read off this config as ``train_config.json`` saves it.
+
+        The tools read the saved file the same way, so trainer and tools check the same values.
+        """
+        return SavedConfig(Path(TRAIN_CONFIG), draccus.encode(self)).run_settings()
 
     def validate(self) -> None:
         """Checks that need no process group: every message names its flag."""

@@ -251,8 +251,4 @@ def test_ignored_modules_match_peft_module_names(base_policy: Path, tmp_path: Pa
     ]
     proc = ok(train(*common, "--accelerator.fsdp.ignored_modules=.*action_head", f"--output_dir={out}", nproc=2))
     assert "unsharded (ignored_modules): base_model.model.action_head" in proc.stdout
-    refused = train(
-        *common, "--accelerator.fsdp.ignored_modules=action_head", f"--output_dir={tmp_path / 'x'}", nproc=2
-    )
-    assert refused.returncode != 0
-    assert "matches no module path" in refused.stderr and "base_model.model." in refused.stderr
+    # A pattern that matches no whole path is refused: tests/train/test_ignored_modules.py, in-process.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.train.cli import main
 from ckpt_tools.train.env_guard import check_accelerate_env
 from ckpt_tools.train.parsing import parse_train_config
@@ -129,24 +129,54 @@ def test_a_refusal_is_one_line_and_exit_2_from_the_command(tmp_path: Path) -> No
     assert not (tmp_path / "b" / "checkpoints").exists()
 
 
-def test_the_saved_config_reads_back_as_the_settings_the_trainer_checked(tmp_path: Path) -> None:
-    """``train_config.json`` is what ``reshard-plan`` / ``verify-resume`` apply the start-up rules to."""
-    from ckpt_tools.format.train_config import SavedConfig
-    from ckpt_tools.train.checkpoint.manager import train_config_dict
-
-    for flags in (
-        [],
-        ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=-1", "--checkpoint_format=dcp"],
-        ["--accelerator.gradient_accumulation.steps=2", "--save_freq=4", "--log_freq=3", "--steps=9"],
-        ['--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]', r"--accelerator.fsdp.ignored_modules=encoder\..*"],
-        ["--accelerator.fsdp.min_num_params=1000", "--collective_timeout_s=30", "--scheduler.type=constant"],
-        ["--accelerator.mixed_precision=fp16", "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16"],
-        ["--accelerator.fsdp.mixed_precision_policy.cast_forward_inputs=false", "--optimizer.lr=3e-4"],
-        ["--peft.r=4", "--peft.method_type=lora"],
-    ):
-        cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
-        saved = SavedConfig(tmp_path / "train_config.json", json.loads(json.dumps(train_config_dict(cfg))))
-        assert saved.run_settings() == cfg.run_settings(), flags
+def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> None:
+    """Every setting the start-up rules look at reaches them from the flags, through the saved form."""
+    flags = [
+        "--steps=9",
+        "--batch_size=4",
+        "--save_freq=6",
+        "--log_freq=3",
+        "--collective_timeout_s=30",
+        "--accelerator.gradient_accumulation.steps=2",
+        "--checkpoint_format=dcp",
+        "--optimizer.lr=3e-4",
+        "--scheduler.type=constant",
+        "--accelerator.mixed_precision=fp16",
+        '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]',
+        r"--accelerator.fsdp.ignored_modules=encoder\..*",
+        "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16",
+        "--accelerator.fsdp.mixed_precision_policy.cast_forward_inputs=false",
+        "--peft.method_type=lora",
+        "--peft.r=4",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=-1",
+    ]
+    cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
+    assert cfg.run_settings() == RunSettings(
+        steps=9,
+        batch_size=4,
+        save_freq=6,
+        log_freq=3,
+        collective_timeout_s=30.0,
+        grad_accum_steps=2,
+        checkpoint_format="dcp",
+        optimizer_type="adamw",
+        lr=3e-4,
+        scheduler_type="constant",
+        mixed_precision="fp16",
+        wrap_modules=["ACTEncoderLayer"],
+        min_num_params=None,
+        ignored_modules=r"encoder\..*",
+        mixed_precision_policy={"param_dtype": "float16", "cast_forward_inputs": False},
+        peft=True,
+        peft_method="lora",
+        peft_r=4,
+        policy_path=None,
+        dp_replicate=2,
+        dp_shard=-1,
+    )
+    other, _ = parse_train_config([*TINY, "--accelerator.fsdp.min_num_params=1000", f"--output_dir={tmp_path}"])
+    assert other.run_settings().min_num_params == 1000 and not other.run_settings().peft
 
 
 def test_accelerate_engine_variables_are_refused_unless_acknowledged(

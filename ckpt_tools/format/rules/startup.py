@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ckpt_tools.format.layout import CheckpointFormat
+from ckpt_tools.format.rules.ignored_modules import pattern_problem
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 POLICY_DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy fields
@@ -144,8 +145,6 @@ def _choices(s: RunSettings) -> list[str]:
 
 
 def _accelerator(s: RunSettings) -> list[str]:
-    from ckpt_tools.format.rules.ignored_modules import pattern_problem
-
     out = []
     if s.mixed_precision is not None and s.mixed_precision not in MIXED_PRECISION_CHOICES:
         out.append(f"--accelerator.mixed_precision={s.mixed_precision}: choose {_one_of(MIXED_PRECISION_CHOICES)}")

@@ -256,6 +256,8 @@ def test_ignored_modules_match_whole_paths_and_cover_what_is_below() -> None:
     assert ignored_regex(None) is None and ignored_regex("") is None
     assert ignored_regex("a(") is None and pattern_problem("a(") == str(_re_error("a("))
     assert pattern_problem(None) is None and pattern_problem("a|b") is None
+    assert pattern_problem("(" * 100_000 + ")" * 100_000) == "nested too deeply"
+    assert pattern_problem("a{99999999999}") == "the repetition number is too large"
 
 
 def _re_error(pattern: str) -> re.error:

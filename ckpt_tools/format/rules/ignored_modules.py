@@ -12,12 +12,18 @@ import re
 
 
 def pattern_problem(pattern: str | None) -> str | None:
-    """Why ``pattern`` is not a regex (the ``re.error`` text), or None when it is one or is unset."""
+    """Why ``pattern`` is not a regex (the ``re.error`` text), or None when it is one or is unset.
+
+    A pattern nested too deeply or with a repeat count too large for ``re`` says so too, instead
+    of a traceback: the saved config is user input to the tools.
+    """
     if not pattern:
         return None
     try:
         re.compile(pattern)
-    except re.error as e:
+    except RecursionError:
+        return "nested too deeply"
+    except (re.error, OverflowError) as e:
         return str(e)
     return None
 

@@ -227,5 +227,5 @@ def _effective_batch(source: ResumeSource, target: ResumeTarget) -> Check:
         "effective-batch",
         f"effective batch {before.effective_batch_size} → {after.effective_batch_size}"
         f" ({target.batch_size} × {world} × {target.grad_accum_steps})"
-        + (f"; {suggested} (not applied)" if suggested else ""),
+        + (f"; {suggested}; never applied automatically" if suggested else ""),
     )

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.dcp import casting
+from ckpt_tools.dcp import casting, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
-from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout, read_pickled_object
+from ckpt_tools.dcp.reader import ChunkLayout, read_pickled_object
 from ckpt_tools.dcp.safe_pickle import plain_data
-from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UsageError, WriteError
+from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import peft_keys
 from ckpt_tools.io.fsutil import fsync_dir
@@ -45,7 +45,6 @@ from ckpt_tools.st.writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_
 
 WHAT_CHOICES = ("model", "optimizer")
 OPTIMIZER_OUTPUT_STEM = "optimizer_state_flat"
-_OBJECT_ALLOWLIST: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,7 @@ def convert_dcp(
         # Decided before any work: the shards would be converted and then could not be deleted.
         raise UsageError(f"--delete-dcp: {source.dcp_dir} is a symlink; delete the directory it points at yourself")
     index = ChunkIndex.load(source.dcp_dir)
-    index.require_valid()
+    validate.require_valid(validate.structure_problems(index))
     with ShardFiles(index.root) as files:
         plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output)
         if dry_run:
@@ -349,7 +348,7 @@ def _plan(
         entry = names[name]
         src = dtypes.lookup(entry.dtype, what=f"{index.root}: tensor {entry.fqn}")
         dst = out_dtype if (out_dtype is not None and src.name in casting.CASTABLE) else src
-        layouts[entry.fqn] = _chunk_layouts(entry, src, files)
+        layouts[entry.fqn] = validate.tensor_layouts(entry, files)
         planned.append(PlannedTensor(name, entry, src, dst))
     if out_dtype is not None:
         kept = sorted({t.src_dtype.name for t in planned if t.src_dtype.name not in casting.CASTABLE})
@@ -390,19 +389,6 @@ def _plan(
     return plan, layouts
 
 
-def _chunk_layouts(entry: TensorEntry, src: DType, files: ShardFiles) -> list[ChunkLayout]:
-    out = []
-    for chunk in entry.chunks:
-        what = f"{chunk.file} ({entry.fqn} chunk at {list(chunk.offsets)})"
-        layout = read_chunk_layout(files.fd(chunk.file), chunk.offset, chunk.length, what=what)
-        if layout.dtype.name != src.name:
-            raise CorruptCheckpoint(f"{what}: holds {layout.dtype.name}, .metadata says {src.name}")
-        if layout.size != chunk.sizes:
-            raise CorruptCheckpoint(f"{what}: holds shape {list(layout.size)}, .metadata says {list(chunk.sizes)}")
-        out.append(layout)
-    return out
-
-
 def _output_location(
     source: _Source, output: str | os.PathLike[str] | None, shard_limit: int | None, stem: str
 ) -> tuple[Path, str | None]:
@@ -425,7 +411,9 @@ def _decode_objects(index: ChunkIndex, top_key: str, files: ShardFiles) -> tuple
             continue
         what = f"{item.file} ({item.fqn})"
         try:
-            loaded = read_pickled_object(files.fd(item.file), item.offset, item.length, _OBJECT_ALLOWLIST, what=what)
+            loaded = read_pickled_object(
+                files.fd(item.file), item.offset, item.length, validate.PLAIN_OBJECTS, what=what
+            )
             value = plain_data(loaded)
         except (CkptError, ValueError) as e:
             skipped.append(f"skipped non-tensor item {item.fqn}: {e}")

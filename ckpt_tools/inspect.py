@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.dcp.files import ShardFiles
+from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
-from ckpt_tools.dcp.reader import read_chunk_layout
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.record import TrainingStep, read_training_step
@@ -432,7 +431,7 @@ def _inspect_dcp(
     report.checks.append(
         Check(f"{rel}/.metadata", True, f"{len(index.tensors)} tensors, {len(index.byte_items)} other items")
     )
-    problems = index.problems()
+    problems = validate.structure_problems(index)
     report.checks.append(
         Check(
             f"{rel} chunks",
@@ -443,7 +442,7 @@ def _inspect_dcp(
         )
     )
     if not problems:
-        report.checks.append(_chunk_header_check(index, rel))
+        report.checks.append(_archive_check(index, rel))
     unreferenced = index.unreferenced_files()
     if unreferenced:
         report.checks.append(
@@ -485,25 +484,14 @@ def _inspect_dcp(
             report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
 
 
-def _chunk_header_check(index: ChunkIndex, rel: str) -> Check:
-    """Each chunk's archive: parseable, and holding the dtype and shape ``.metadata`` promises."""
-    checked = 0
-    with ShardFiles(index.root) as files:
-        for e in index.tensors.values():
-            for c in e.chunks:
-                what = f"{c.file} ({e.fqn})"
-                try:
-                    layout = read_chunk_layout(files.fd(c.file), c.offset, c.length, what=what)
-                except CkptError as err:
-                    return Check(f"{rel} chunk data", False, str(err))
-                if layout.dtype.name != dtypes.canonical_name(e.dtype) or layout.size != c.sizes:
-                    return Check(
-                        f"{rel} chunk data",
-                        False,
-                        f"{what}: holds {layout.dtype.name}{list(layout.size)}, .metadata says {e.dtype}{list(c.sizes)}",
-                    )
-                checked += 1
-    return Check(f"{rel} chunk data", True, f"{checked} chunk archives hold the dtype and shape .metadata says")
+def _archive_check(index: ChunkIndex, rel: str) -> Check:
+    """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data."""
+    found = validate.archive_problems(index)
+    if found:
+        return Check(f"{rel} chunk data", False, found[0].message)
+    chunks = sum(len(e.chunks) for e in index.tensors.values())
+    items = f" and {len(index.byte_items)} non-tensor items are plain data" if index.byte_items else ""
+    return Check(f"{rel} chunk data", True, f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")
 
 
 def _rel(root: Path, path: Path) -> str:

@@ -12,8 +12,8 @@ from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
 class ShardFiles:
     """A cache of read-only descriptors for the shard files of one DCP directory.
 
-    Paths were validated by the chunk index (inside the directory, no symlink escape);
-    ``O_NOFOLLOW`` on the last component keeps a swap-in symlink from slipping through later.
+    Paths were validated by :mod:`ckpt_tools.dcp.validate` (inside the directory, no symlink
+    escape); ``O_NOFOLLOW`` on the last component keeps a swap-in symlink from slipping through later.
     """
 
     def __init__(self, root: Path) -> None:
@@ -43,6 +43,14 @@ class ShardFiles:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def is_inside(root: Path, path: Path) -> bool:
+    """Whether ``path``, symlinks resolved, lies under ``root`` (false when it cannot be resolved)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
 
 
 def pread_exact(fd: int, length: int, offset: int, *, what: str) -> bytes:

@@ -19,11 +19,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ckpt_tools.dcp.files import ShardFiles
+from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
-from ckpt_tools.dcp.reader import read_chunk_layout, read_pickled_object
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.peft_keys import saved_adapter_key
@@ -187,43 +185,7 @@ def _dcp(directory: Path) -> Container:
         index = ChunkIndex.load(directory)
     except CkptError as e:
         return Container(DCP_WEIGHTS, directory, problems=[str(e)])
-    problems = [p.message for p in index.problems()]
-    if not problems:
-        problems = _archive_problems(index)
-    return Container(DCP_WEIGHTS, directory, index=index, problems=problems)
-
-
-_PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
-
-
-def _archive_problems(index: ChunkIndex) -> list[str]:
-    """Each chunk's torch.save archive parses and holds the dtype and shape ``.metadata`` promises;
-    each non-tensor item is plain data.
-
-    Sizes alone miss a shard overwritten in place; torch's loader would then fail mid-resume.
-    Reading the archive headers costs a few hundred bytes per chunk, never the tensor data.
-    """
-    with ShardFiles(index.root) as files:
-        for item in index.byte_items.values():
-            # torch's loader unpickles these with torch.load(weights_only=False): a global in
-            # them would run on resume, so anything but plain data makes the checkpoint unsafe.
-            what = f"{item.file} ({item.fqn})"
-            try:
-                read_pickled_object(files.fd(item.file), item.offset, item.length, _PLAIN_OBJECTS, what=what)
-            except CkptError as e:
-                return [str(e)]
-        for entry in index.tensors.values():
-            for c in entry.chunks:
-                what = f"{c.file} ({entry.fqn})"
-                try:
-                    found = read_chunk_layout(files.fd(c.file), c.offset, c.length, what=what)
-                except CkptError as e:
-                    return [str(e)]
-                if found.dtype.name != dtypes.canonical_name(entry.dtype) or found.size != c.sizes:
-                    return [
-                        f"{what}: holds {found.dtype.name}{list(found.size)}, .metadata says {entry.dtype}{list(c.sizes)}"
-                    ]
-    return []
+    return Container(DCP_WEIGHTS, directory, index=index, problems=[p.message for p in validate.problems(index)])
 
 
 def _safetensors(file: Path) -> Container:

@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_tools.dcp import casting
+from ckpt_tools.dcp import casting, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
@@ -315,7 +315,7 @@ def test_index_reports_per_rank_bytes_from_file_names(ckpts: Path) -> None:
     for r in ranks:
         assert r.file_bytes == sum((ckpts / FSDP2_DCP / f).stat().st_size for f in r.files)
         assert 0 < r.chunk_bytes <= r.file_bytes
-    assert index.problems() == [] and index.unreferenced_files() == []
+    assert validate.problems(index) == [] and index.unreferenced_files() == []
 
 
 def test_metadata_in_the_older_sharded_tensor_classes_parses(ckpts: Path) -> None:
@@ -332,39 +332,3 @@ def test_metadata_in_the_older_sharded_tensor_classes_parses(ckpts: Path) -> Non
     parsed = parse_metadata(data)
     assert parsed.items["model.extras.bf16"].dtype == "bfloat16"
     assert parsed.items == load_metadata(ckpts / FSDP2_DCP).items
-
-
-boxes_strategy = st.integers(min_value=1, max_value=3).flatmap(
-    lambda nd: st.lists(
-        st.tuples(
-            st.tuples(*[st.integers(0, 5)] * nd),
-            st.tuples(*[st.integers(0, 3)] * nd),
-        ),
-        min_size=1,
-        max_size=7,
-    )
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(boxes_strategy)
-def test_coverage_check_agrees_with_brute_force(raw: list) -> None:
-    """Chunks are reported fine exactly when they lie inside the tensor, never overlap and cover it."""
-    import itertools
-
-    from ckpt_tools.dcp.index import coverage_problems
-    from ckpt_tools.dcp.metadata import ChunkMeta, TensorMeta
-
-    shape = tuple(max(off[i] + size[i] for off, size in raw) for i in range(len(raw[0][0])))
-    chunks = tuple(ChunkMeta(off, size) for off, size in raw)
-    meta = TensorMeta("float32", shape, chunks)
-    entry = TensorEntry("t", ("t",), "float32", shape, ())
-    nonempty = [c for c in chunks if c.numel]
-    overlap = any(
-        all(
-            o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
-        )
-        for a, b in itertools.combinations(nonempty, 2)
-    )
-    covered = sum(c.numel for c in nonempty) == meta.numel
-    assert (coverage_problems(entry, meta) == []) == (not overlap and covered)

@@ -79,7 +79,7 @@ def test_read_emulation_matches_dcp_planner(
         Chunk(offsets, sizes, f"__{i % 3}_0.distcp", 1000 * i, 100 + i) for i, (offsets, sizes) in enumerate(saved)
     )
     entry = TensorEntry("model.w", ("model", "w"), "float32", shape, chunks)
-    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {"model.w": entry}, {}, {})
+    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {"model.w": entry}, {})
     saved_md = [ChunkStorageMetadata(list(o), list(s)) for o, s in saved]  # type: ignore[arg-type]
     md = TensorStorageMetadata(TensorProperties(), shape, saved_md)
     topology = Topology(world, 1, world) if world > 1 else Topology(1, 1, 1)
@@ -102,7 +102,7 @@ def test_zero_dim_tensor_is_read_whole_on_every_rank() -> None:
         (),
         (Chunk((), (), "__1_0.distcp", 0, 77),),
     )
-    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {entry.fqn: entry}, {}, {})
+    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {entry.fqn: entry}, {})
     topology = Topology(4, 2, 2)
     for rank in range(4):
         got = ChunkLookup(index).count([(entry.fqn, local_box((), topology, rank, sharded=True))], byte_items=False)

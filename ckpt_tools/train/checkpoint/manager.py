@@ -36,7 +36,7 @@ from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.io.safe_read import read_json
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.audit import CountingReader, resident_bytes, write_audit
-from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata
+from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata, require_valid_dcp_inputs
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.data.processors import Pipeline
@@ -316,6 +316,7 @@ class CheckpointManager:
         paths = StepPaths(step_dir)
         record = read_training_step(paths.training_step)
         check_resumable(paths, record)
+        require_valid_dcp_inputs(paths)
         only = self._peft_trainable()
         self.requested: dict[str, int] = {}
         self._load_model(paths, only)

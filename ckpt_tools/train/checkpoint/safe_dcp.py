@@ -1,4 +1,4 @@
-"""Load DCP shards in the training core without letting the checkpoint run code.
+"""Load DCP shards in the training core without letting the checkpoint run code or mislead torch.
 
 torch's ``FileSystemReader.read_metadata`` calls ``pickle.load`` on ``.metadata`` and its
 ``DefaultLoadPlanner.load_bytes`` calls ``torch.load(weights_only=False)`` on every non-tensor
@@ -10,7 +10,11 @@ from it. Here both go through restrictions:
   the real torch classes so ``dcp.load`` gets the objects it expects; the file is size-capped
   and must be a regular file (a FIFO would block forever);
 - non-tensor items (optimizer hyper-parameters) are read with ``torch.load(weights_only=True)``,
-  torch's own data-only unpickler.
+  torch's own data-only unpickler;
+- before any of that, :func:`require_valid_dcp_inputs` checks each DCP directory the resume
+  reads with :mod:`ckpt_tools.dcp.validate`, the check ``inspect`` reports: torch's loader
+  would read a storage path that leaves the directory, leave uncovered elements at their
+  fresh-init values, and cast a chunk of the wrong dtype, all without an error.
 """
 
 from __future__ import annotations
@@ -28,9 +32,23 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, METADATA_ALLOWLIST
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
+from ckpt_tools.format.layout import DCP_METADATA, StepPaths
 from ckpt_tools.io.safe_read import read_bytes
+
+
+def require_valid_dcp_inputs(paths: StepPaths) -> None:
+    """Refuse a resume whose DCP directories are not what their ``.metadata`` says.
+
+    Called before any state is touched, on every rank (each reaches the same verdict from the
+    same files): the model directory and the optimizer directory, each where the loader reads
+    it (its ``.metadata`` exists). The first problem is raised as the line ``inspect`` shows.
+    """
+    for directory in (paths.model_dcp, paths.optimizer_dcp):
+        if (directory / DCP_METADATA).exists():
+            validate.require_valid_dir(directory)
 
 
 def _resolve(module: str, name: str) -> Any:

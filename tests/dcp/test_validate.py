@@ -2,17 +2,16 @@
 
 Each class of damage is shown twice: torch's own loader takes the directory without a word
 (so the check cannot be left to it), and :mod:`ckpt_tools.dcp.validate` names it in one line.
-The directories are written here with torch's classes (``torch.save`` per chunk into
-``__<rank>_0.distcp`` files, a pickled ``Metadata``), exactly what ``FileSystemWriter`` does
-for a row-sharded save, and are read back by torch's loader as a check of the builder itself.
+The directories are laid out by :func:`tests.support.dcp_damage.write_dcp` the way torch's
+``FileSystemWriter`` does for a row-sharded save; torch's loader reading one back (and a
+directory ``dcp.save`` wrote passing the check) is the check of that builder.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
-import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,71 +20,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.dcp.metadata import ChunkMeta, TensorMeta
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
+from devtools.reliability.fuzz_mutations import load_torch_metadata, save_torch_metadata
+from tests.support import dcp_damage as damage
 
 WEIGHT = torch.arange(40, dtype=torch.float32).reshape(10, 4)  # rows [0,5) on rank 0, [5,10) on rank 1
-
-
-def write_dcp(directory: Path, tensors: dict[str, torch.Tensor], objects: dict[str, Any] | None = None) -> Path:
-    """A 2-rank row-sharded DCP save of ``tensors`` (0-d ones whole on rank 0), plus pickled ``objects``."""
-    directory.mkdir(parents=True)
-    items: dict[str, Any] = {}
-    storage: dict[MetadataIndex, _StorageInfo] = {}
-    files: dict[str, bytearray] = {}
-
-    def append(rank: int, data: bytes) -> _StorageInfo:
-        name = f"__{rank}_0.distcp"
-        buf = files.setdefault(name, bytearray())
-        info = _StorageInfo(name, len(buf), len(data))
-        buf.extend(data)
-        return info
-
-    for fqn, tensor in tensors.items():
-        pieces = torch.tensor_split(tensor, 2) if tensor.dim() else (tensor,)
-        chunks, row = [], 0
-        for rank, piece in enumerate(pieces):
-            offsets = torch.Size([row] + [0] * (tensor.dim() - 1)) if tensor.dim() else torch.Size([])
-            storage[MetadataIndex(fqn, offsets)] = append(rank, _saved(piece.clone()))
-            chunks.append(ChunkStorageMetadata(offsets, piece.shape))
-            row += piece.shape[0] if tensor.dim() else 0
-        items[fqn] = TensorStorageMetadata(TensorProperties(dtype=tensor.dtype), tensor.shape, chunks)
-    for fqn, obj in (objects or {}).items():
-        storage[MetadataIndex(fqn)] = append(0, _saved(obj))
-        items[fqn] = BytesStorageMetadata()
-    for name, data in files.items():
-        (directory / name).write_bytes(bytes(data))
-    planner = {fqn: tuple(fqn.split(".", 1)) for fqn in items}
-    save_metadata(directory, Metadata(items, planner_data=planner, storage_data=storage))
-    return directory
-
-
-def _saved(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def load_metadata(directory: Path) -> Metadata:
-    with open(directory / ".metadata", "rb") as f:
-        return pickle.load(f)  # written by this test with torch's classes: trusted
-
-
-def save_metadata(directory: Path, metadata: Metadata) -> None:
-    with open(directory / ".metadata", "wb") as f:
-        pickle.dump(metadata, f)
 
 
 def torch_loads(directory: Path) -> torch.Tensor:
@@ -97,7 +41,7 @@ def torch_loads(directory: Path) -> torch.Tensor:
 
 @pytest.fixture
 def model_dcp(tmp_path: Path) -> Path:
-    return write_dcp(tmp_path / "run" / "pytorch_model_fsdp_0", {"model.w": WEIGHT})
+    return damage.write_dcp(tmp_path / "run" / "pytorch_model_fsdp_0", {"model.w": WEIGHT})
 
 
 def problems_of(directory: Path) -> list[validate.Problem]:
@@ -106,57 +50,23 @@ def problems_of(directory: Path) -> list[validate.Problem]:
 
 # ---------------------------------------------------------------------- the four classes the trainer met
 
-
-def outside_shard(directory: Path) -> str:
-    """Rank 1's storage entry names another run's copy of the shard, outside this checkpoint."""
-    other = directory.parent.parent / "other_run"
-    other.mkdir()
-    (other / "__1_0.distcp").write_bytes((directory / "__1_0.distcp").read_bytes())
-    md = load_metadata(directory)
-    for info in md.storage_data.values():
-        if info.relative_path == "__1_0.distcp":
-            info.relative_path = "../../other_run/__1_0.distcp"
-    save_metadata(directory, md)
-    return "'../../other_run/__1_0.distcp': shard path leaves the checkpoint directory"
-
-
-def missing_last_chunk(directory: Path) -> str:
-    md = load_metadata(directory)
-    last = md.state_dict_metadata["model.w"].chunks.pop()
-    del md.storage_data[MetadataIndex("model.w", last.offsets)]
-    save_metadata(directory, md)
-    return "model.w: chunks cover 20 of 40 elements (missing chunks)"
-
-
-def int32_archive(directory: Path) -> str:
-    """Rank 0's chunk re-pointed at an archive of the same rows as int32."""
-    shard = directory / "__0_0.distcp"
-    offset = shard.stat().st_size
-    data = _saved(WEIGHT[:5].to(torch.int32))
-    with open(shard, "ab") as f:
-        f.write(data)
-    md = load_metadata(directory)
-    md.storage_data[MetadataIndex("model.w", torch.Size([0, 0]))] = _StorageInfo(shard.name, offset, len(data))
-    save_metadata(directory, md)
-    return "__0_0.distcp (model.w chunk at [0, 0]): holds int32[5, 4], .metadata says float32[5, 4]"
-
-
-def overlapping_chunks(directory: Path) -> str:
-    """Rank 1's chunk moved up a row: [4, 9) overlaps [0, 5), and row 9 is left to chance."""
-    md = load_metadata(directory)
-    second = md.state_dict_metadata["model.w"].chunks[1]
-    info = md.storage_data.pop(MetadataIndex("model.w", second.offsets))
-    second.offsets = torch.Size([4, 0])
-    md.storage_data[MetadataIndex("model.w", second.offsets)] = info
-    save_metadata(directory, md)
-    return "model.w: chunks overlap (unsupported sharding layout or corrupt metadata)"
-
-
-CLASSES = {
-    "storage path outside the checkpoint": outside_shard,
-    "tensor missing its last chunk": missing_last_chunk,
-    "int32 archive where .metadata says float32": int32_archive,
-    "overlapping chunks": overlapping_chunks,
+CLASSES: dict[str, tuple[Callable[[Path], str], str]] = {
+    "storage path outside the checkpoint": (
+        lambda d: damage.shard_of_another_run(d, d.parent.parent / "other_run"),
+        "'../../other_run/__1_0.distcp': shard path leaves the checkpoint directory",
+    ),
+    "tensor missing its last chunk": (
+        lambda d: damage.drop_last_chunk(d, "model.w"),
+        "model.w: chunks cover 20 of 40 elements (missing chunks)",
+    ),
+    "int32 archive where .metadata says float32": (
+        lambda d: damage.int32_chunk(d, "model.w"),
+        "__0_0.distcp (model.w chunk at [0, 0]): holds int32[5, 4], .metadata says float32[5, 4]",
+    ),
+    "overlapping chunks": (
+        lambda d: damage.overlapping_chunks(d, "model.w"),
+        "model.w: chunks overlap (unsupported sharding layout or corrupt metadata)",
+    ),
 }
 
 
@@ -175,12 +85,17 @@ def test_a_directory_torch_itself_saved_is_valid(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(CLASSES))
 def test_torch_loads_each_class_without_a_word_and_validate_names_it(model_dcp: Path, name: str) -> None:
-    reason = CLASSES[name](model_dcp)
+    apply, reason = CLASSES[name]
+    assert apply(model_dcp) == reason
     loaded = torch_loads(model_dcp)  # no error from torch
-    if name == "tensor missing its last chunk":
+    if name == "storage path outside the checkpoint":
+        assert torch.equal(loaded, WEIGHT)  # rows 5..9 read from the other run's file
+    elif name == "tensor missing its last chunk":
         assert torch.isnan(loaded[5:]).all()  # rows left at whatever the model held
     elif name == "int32 archive where .metadata says float32":
         assert torch.equal(loaded, WEIGHT)  # cast silently: an int32 chunk passes for float32
+    else:
+        assert torch.equal(loaded[4], WEIGHT[5]) and torch.isnan(loaded[9]).all()  # one chunk over the other
     found = problems_of(model_dcp)
     assert [p.message for p in found] == [reason]
     with pytest.raises(UnsafeCheckpoint if found[0].unsafe else CorruptCheckpoint) as raised:
@@ -190,9 +105,9 @@ def test_torch_loads_each_class_without_a_word_and_validate_names_it(model_dcp: 
 
 def test_only_the_path_class_is_unsafe(tmp_path: Path) -> None:
     unsafe = {}
-    for i, (name, damage) in enumerate(CLASSES.items()):
-        directory = write_dcp(tmp_path / str(i) / "dcp", {"model.w": WEIGHT})
-        damage(directory)
+    for i, (name, (apply, _)) in enumerate(CLASSES.items()):
+        directory = damage.write_dcp(tmp_path / str(i) / "dcp", {"model.w": WEIGHT})
+        apply(directory)
         unsafe[name] = [p.unsafe for p in problems_of(directory)]
     assert unsafe == {name: [name == "storage path outside the checkpoint"] for name in CLASSES}
 
@@ -201,10 +116,10 @@ def test_only_the_path_class_is_unsafe(tmp_path: Path) -> None:
 
 
 def test_absolute_storage_path_is_refused(model_dcp: Path) -> None:
-    md = load_metadata(model_dcp)
+    md = load_torch_metadata(model_dcp)
     for info in md.storage_data.values():
         info.relative_path = str(model_dcp / info.relative_path)
-    save_metadata(model_dcp, md)
+    save_torch_metadata(model_dcp, md)
     found = problems_of(model_dcp)
     assert found and all(p.unsafe and "shard path leaves the checkpoint directory" in p.message for p in found)
 
@@ -232,20 +147,20 @@ def test_span_past_the_end_of_its_file(model_dcp: Path) -> None:
 
 
 def test_chunk_without_storage_entry_and_chunk_outside_the_tensor(model_dcp: Path) -> None:
-    md = load_metadata(model_dcp)
+    md = load_torch_metadata(model_dcp)
     del md.storage_data[MetadataIndex("model.w", torch.Size([5, 0]))]
-    save_metadata(model_dcp, md)
+    save_torch_metadata(model_dcp, md)
     assert [p.message for p in problems_of(model_dcp)] == [
         "model.w chunk at [5, 0]: no storage entry in .metadata (incomplete save?)"
     ]
     md.state_dict_metadata["model.w"].size = torch.Size([9, 4])
-    save_metadata(model_dcp, md)
+    save_torch_metadata(model_dcp, md)
     assert "model.w: chunk at [5, 0] of size [5, 4] sticks out of [9, 4]" in [p.message for p in problems_of(model_dcp)]
 
 
 def test_structure_problems_come_before_any_archive_is_read(model_dcp: Path) -> None:
     """A broken layout is reported as such; the archives are read only once it is sound."""
-    int32_archive(model_dcp)
+    damage.int32_chunk(model_dcp, "model.w")
     (model_dcp / "__1_0.distcp").unlink()
     assert [p.message for p in problems_of(model_dcp)] == [f"{model_dcp / '__1_0.distcp'}: shard file missing"]
 
@@ -259,9 +174,11 @@ class RunsCode:
 
 
 def test_non_tensor_items_must_be_plain_data(tmp_path: Path) -> None:
-    plain = write_dcp(tmp_path / "plain", {"optim.w": WEIGHT}, {"optim.param_groups": [{"lr": 0.1, "params": [0]}]})
+    plain = damage.write_dcp(
+        tmp_path / "plain", {"optim.w": WEIGHT}, {"optim.param_groups": [{"lr": 0.1, "params": [0]}]}
+    )
     assert problems_of(plain) == []
-    hostile = write_dcp(tmp_path / "hostile", {"optim.w": WEIGHT}, {"optim.param_groups": RunsCode()})
+    hostile = damage.write_dcp(tmp_path / "hostile", {"optim.w": WEIGHT}, {"optim.param_groups": RunsCode()})
     (found,) = problems_of(hostile)
     assert found.unsafe and "refused to load global posix.system" in found.message
 

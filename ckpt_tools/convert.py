@@ -42,6 +42,7 @@ from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
 from ckpt_tools.st.header import read_header
 from ckpt_tools.st.writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_size, plan_shards
+from ckpt_tools.units import human_bytes
 
 WHAT_CHOICES = ("model", "optimizer")
 OPTIMIZER_OUTPUT_STEM = "optimizer_state_flat"
@@ -449,7 +450,7 @@ def _check_outputs(plan: ConvertPlan, overwrite: bool) -> None:
         return
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise WriteError(f"{plan.output_dir}: not enough space ({_human(need)} needed, {_human(free)} free)")
+        raise WriteError(f"{plan.output_dir}: not enough space ({human_bytes(need)} needed, {human_bytes(free)} free)")
 
 
 def _existing_parent(path: Path) -> Path:
@@ -619,12 +620,3 @@ def _progress_bar(total: int, *, enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert-dcp", file=sys.stderr)
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{n} B"

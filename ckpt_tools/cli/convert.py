@@ -16,6 +16,7 @@ import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.errors import UsageError
+from ckpt_tools.units import human_bytes
 
 CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
 
@@ -175,11 +176,11 @@ def _print_result(result: Any, pushed: Any) -> None:
         typer.echo(f"Dry run - nothing written. Would convert the {kind} in {plan.dcp_dir}")
     else:
         typer.echo(f"Converted the {kind} in {plan.dcp_dir}")
-    typer.echo(f"  {plan.tensor_count} tensors, {_human(plan.total_bytes)} of tensor data, dtype {dtype}")
+    typer.echo(f"  {plan.tensor_count} tensors, {human_bytes(plan.total_bytes)} of tensor data, dtype {dtype}")
     for f in plan.files:
         typer.echo(
             f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / f.name}"
-            f"  ({len(f.tensors)} tensors, {_human(f.nbytes)})"
+            f"  ({len(f.tensors)} tensors, {human_bytes(f.nbytes)})"
         )
     if plan.index_name:
         typer.echo(f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / plan.index_name}")
@@ -192,12 +193,3 @@ def _print_result(result: Any, pushed: Any) -> None:
         typer.echo(f"  pushed to {pushed.repo_id}: {pushed.commit_url}")
     for note in result.notes:
         typer.echo(f"  note: {note}")
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

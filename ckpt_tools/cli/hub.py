@@ -9,6 +9,7 @@ import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.hub import push_to_hub
+from ckpt_tools.units import human_bytes
 
 PUSH_HELP = f"""Publish a converted checkpoint to the Hugging Face Hub as a model repo.
 
@@ -57,20 +58,11 @@ def push(
         emit_json(result.to_dict())
         return
     typer.echo(
-        f"Pushed {len(result.files)} file(s), {_human_bytes(result.total_bytes)}, to {result.repo_id}"
+        f"Pushed {len(result.files)} file(s), {human_bytes(result.total_bytes)}, to {result.repo_id}"
         f" ({result.revision}{', private' if result.private else ''}): commit {result.commit_oid[:12]}"
     )
     for f in result.files:
-        typer.echo(f"  {f.path:<48} {_human_bytes(f.size):>10}{'  (generated model card)' if f.generated else ''}")
+        typer.echo(f"  {f.path:<48} {human_bytes(f.size):>10}{'  (generated model card)' if f.generated else ''}")
     if result.skipped:
         typer.echo(f"  not uploaded: {', '.join(result.skipped)}")
     typer.echo(f"  {result.commit_url}")
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"

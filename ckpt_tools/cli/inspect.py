@@ -9,6 +9,7 @@ import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
 from ckpt_tools.errors import ExitCode
+from ckpt_tools.units import human_bytes, human_count
 
 INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only.
 
@@ -66,13 +67,13 @@ def _print_report(report: Any, tensors: bool) -> None:
         if report.batch:
             echo(f"  batch: {report.batch}")
     for w in report.weights:
-        dtypes = ", ".join(f"{k} {_human(v)}" for k, v in sorted(w.bytes_by_dtype.items(), key=lambda kv: -kv[1]))
+        dtypes = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(w.bytes_by_dtype.items(), key=lambda kv: -kv[1]))
         echo(
-            f"  weights {w.path} ({w.format}): {w.tensors} tensors, {_count(w.parameters)} parameters,"
-            f" {_human(w.bytes)}{f' ({dtypes})' if dtypes else ''}"
+            f"  weights {w.path} ({w.format}): {w.tensors} tensors, {human_count(w.parameters)} parameters,"
+            f" {human_bytes(w.bytes)}{f' ({dtypes})' if dtypes else ''}"
         )
         for r in w.ranks:
-            echo(f"    rank {r.rank}: {len(r.files)} file(s), {_human(r.file_bytes)}, {r.chunks} chunks")
+            echo(f"    rank {r.rank}: {len(r.files)} file(s), {human_bytes(r.file_bytes)}, {r.chunks} chunks")
     for note in report.notes:
         echo(f"  note: {note}")
     if tensors and report.tensors:
@@ -91,19 +92,3 @@ def _print_report(report: Any, tensors: bool) -> None:
 
 def _yes(value: bool | None) -> str:
     return "unknown" if value is None else ("yes" if value else "no")
-
-
-def _count(n: int) -> str:
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(n)
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

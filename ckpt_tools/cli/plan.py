@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
-from ckpt_tools.cli.render import human_bytes, rank_ranges, table
+from ckpt_tools.cli.render import rank_ranges, table
 from ckpt_tools.errors import ExitCode
+from ckpt_tools.units import human_bytes
 
 PLAN_HELP = """Predict what resuming CKPT on another topology will do - reads metadata only, no torch.
 

@@ -1,22 +1,11 @@
-"""Human output helpers for the planning commands: byte sizes people read, and aligned tables."""
+"""Human output helpers for the planning commands: aligned tables and rank ranges.
+
+Byte sizes and counts are spelled by :mod:`ckpt_tools.units` (shared with the tools' messages).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: int) -> str:
-    """1536 → '1.5 KiB'; exact below 1 KiB so small files stay recognisable."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in _UNITS[1:]:
-        value /= 1024
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{n} B"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), indent: int = 2) -> str:

@@ -23,6 +23,7 @@ from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import BatchFactorization, TrainingStep, read_training_step
 from ckpt_tools.hub.files import PublishPlan
+from ckpt_tools.units import human_bytes, human_count
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -186,7 +187,7 @@ class _Facts:
 
     def _parameters(self) -> str:
         counts = [f.num_values for f in self.plan.weights if f.num_values is not None]
-        return _human_count(sum(counts)) if counts else "unknown"
+        return human_count(sum(counts)) if counts else "unknown"
 
 
 def _front_matter(facts: _Facts) -> str:
@@ -221,7 +222,7 @@ def _body(facts: _Facts, repo_id: str) -> str:
         "",
         "## Files",
         "",
-        *(f"- `{f.name}` ({_human_bytes(f.size)})" for f in facts.plan.files),
+        *(f"- `{f.name}` ({human_bytes(f.size)})" for f in facts.plan.files),
         "",
         "## Use",
         "",
@@ -295,22 +296,3 @@ def _int(value: Any) -> int | None:
 
 def _cell(value: str) -> str:
     return value.replace("|", "\\|").replace("\n", " ")
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
-
-
-def _human_count(n: int) -> str:
-    if n >= 1_000_000_000:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1_000_000:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1_000:
-        return f"{n / 1e3:.1f}K"
-    return str(n)

@@ -47,7 +47,7 @@ def test_card_states_the_run_from_train_config_and_training_step(tmp_path: Path)
     assert rows["PEFT"] == "no (full weights)"
     assert rows["Checkpoint format"] == "safetensors_dcp (published: `model.safetensors`)"
     assert rows["Seed"] == "1000"
-    assert "- `model.safetensors` (10.8 KB)" in card
+    assert "- `model.safetensors` (10.5 KiB)" in card  # 10 800 bytes
     _assert_no_local_paths(card, step.dataset_root, step.output_dir, tmp_path)
 
 

@@ -41,7 +41,7 @@ from ckpt_tools.io.fsutil import fsync_dir
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
 from ckpt_tools.st.header import read_header
-from ckpt_tools.st.writer import COPY_BLOCK, StreamingWriter, TensorSpec, parse_size, plan_shards
+from ckpt_tools.st.writer import COPY_BLOCK, StreamingWriter, TensorToWrite, parse_size, plan_shards
 from ckpt_tools.units import human_bytes
 
 WHAT_CHOICES = ("model", "optimizer")
@@ -63,8 +63,8 @@ class PlannedTensor:
     def nbytes(self) -> int:
         return self.source.numel * self.dtype.itemsize
 
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.name, self.dtype.safetensors, self.shape, self.nbytes)
+    def to_write(self) -> TensorToWrite:
+        return TensorToWrite(self.name, self.dtype.safetensors, self.shape, self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -367,7 +367,7 @@ def _plan(
 
     stem = "adapter_model" if peft else ("model" if source.what == "model" else OPTIMIZER_OUTPUT_STEM)
     output_dir, single_name = _output_location(source, output, shard_limit, stem)
-    specs = [t.spec() for t in planned]
+    specs = [t.to_write() for t in planned]
     shards = plan_shards(specs, shard_limit, stem=stem)
     by_name = {t.name: t for t in planned}
     planned_files = []
@@ -475,7 +475,7 @@ def _write_all(
     try:
         for planned_file in plan.files:
             writer = StreamingWriter(
-                plan.output_dir / planned_file.name, [t.spec() for t in planned_file.tensors], plan.metadata
+                plan.output_dir / planned_file.name, [t.to_write() for t in planned_file.tensors], plan.metadata
             )
             writers.append(writer)
             writer.open()

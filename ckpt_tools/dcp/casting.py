@@ -77,12 +77,3 @@ def cast_bytes(data: bytes | memoryview | np.ndarray, src: DType, dst: DType) ->
     else:  # float64 output: exact widening of the float32 values (only from float32-based inputs)
         out = values.astype("<f8")
     return memoryview(out.view(np.uint8).reshape(-1))
-
-
-def to_little_endian(data: bytes | memoryview, itemsize: int) -> bytes:
-    """Byte-swap big-endian elements of ``itemsize`` bytes (no-op for single bytes)."""
-    import numpy as np
-
-    if itemsize == 1:
-        return bytes(data)
-    return np.frombuffer(data, dtype=f">u{itemsize}").astype(f"<u{itemsize}").tobytes()

@@ -34,10 +34,7 @@ class Chunk:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
+        return dtypes.numel(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -50,10 +47,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.numel(self.shape)
 
     @property
     def itemsize(self) -> int | None:

@@ -43,10 +43,7 @@ class ChunkMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
+        return dtypes.numel(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -57,10 +54,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.size:
-            n *= s
-        return n
+        return dtypes.numel(self.size)
 
 
 @dataclass(frozen=True)

@@ -123,10 +123,7 @@ class ChunkLayout:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.size:
-            n *= s
-        return n
+        return dtypes.numel(self.size)
 
     @property
     def nbytes(self) -> int:
@@ -194,7 +191,7 @@ def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLa
     needed = (record.storage_offset + extent) * dtype.itemsize if extent else 0
     if needed > data.size:
         raise CorruptCheckpoint(f"{what}: tensor needs {needed} bytes of storage, the archive has {data.size}")
-    numel = 0 if extent == 0 else _product(record.size)
+    numel = 0 if extent == 0 else dtypes.numel(record.size)
     if numel > extent and numel * dtype.itemsize > MAX_EXPANDED_BYTES:
         # Zero or overlapping strides (an ``expand``ed view) turn a few stored bytes into a
         # tensor of any size: fine for a small buffer, a memory bomb beyond that.
@@ -209,13 +206,6 @@ def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLa
         data_offset=start + data.offset + record.storage_offset * dtype.itemsize,
         byteorder=byteorder,
     )
-
-
-def _product(values: tuple[int, ...]) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
 
 
 def read_pickled_object(fd: int, start: int, length: int, allowed: dict[tuple[str, str], Any], *, what: str) -> Any:

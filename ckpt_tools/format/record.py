@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.io.safe_read import parse_json, read_text
+from ckpt_tools.io.safe_read import read_json_file
 
 SCHEMA_VERSION = 1
 
@@ -230,16 +230,7 @@ class TrainingStep:
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
     p = Path(path)
-    try:
-        text = read_text(p)
-    except FileNotFoundError:
-        raise CheckpointError(f"{p}: missing (every checkpoint's training_state/ has one)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{p}: unreadable ({e})") from None
-    try:
-        data = parse_json(text)
-    except ValueError as e:
-        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
+    data = read_json_file(p, missing="missing (every checkpoint's training_state/ has one)")
     try:
         return TrainingStep.from_dict(data)
     except CheckpointError as e:

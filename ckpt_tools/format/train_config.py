@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format.rules.startup import RunSettings
-from ckpt_tools.io.safe_read import parse_json, read_text
+from ckpt_tools.io.safe_read import read_json_file
 
 
 def _get(data: Any, dotted: str) -> Any:
@@ -188,16 +187,5 @@ class SavedConfig:
 def read_saved_config(path: str | os.PathLike[str]) -> SavedConfig:
     """Parse ``train_config.json``; :class:`CheckpointError` when it is missing or not a JSON object."""
     p = Path(path)
-    try:
-        text = read_text(p)
-    except FileNotFoundError:
-        raise CheckpointError(f"{p}: missing (--resume reads the training config from it)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{p}: unreadable ({e})") from None
-    try:
-        data = parse_json(text)
-    except ValueError as e:
-        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{p}: expected a JSON object")
+    data = read_json_file(p, missing="missing (--resume reads the training config from it)", want_object=True)
     return SavedConfig(p, data)

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath, PureWindowsPath
 from typing import Any
 
-from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import BatchFactorization, TrainingStep, read_training_step
 from ckpt_tools.hub.files import PublishPlan
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.units import human_bytes, human_count
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -268,12 +268,7 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; {} when the file is absent; one clear line when it is malformed."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
+    data: dict[str, Any] = read_json_file(path, want_object=True)
     return data
 
 

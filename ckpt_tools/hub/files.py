@@ -12,7 +12,6 @@ is refused here with one line, so a push never starts that cannot end well.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import struct
 from collections.abc import Iterator
@@ -21,12 +20,11 @@ from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout
+from ckpt_tools.io.safe_read import read_json_file
+from ckpt_tools.st.header import MAX_HEADER_BYTES, read_header
 
 PUBLISHED_SUFFIXES = (".safetensors", ".json", ".md")
 README = "README.md"
-
-# A safetensors header is a JSON object; anything near this size is not a real header.
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -165,13 +163,10 @@ def _training_step_path(folder: Path) -> Path | None:
 def _checked_file(path: Path) -> PublishFile:
     size = path.stat().st_size
     if path.name.endswith(".json"):
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: not valid JSON ({e}); refusing to publish it") from None
+        read_json_file(path)  # a file the Hub would serve but no loader could parse is refused here
         return PublishFile(path.name, path, size)
     if path.name.endswith(".safetensors"):
-        dtypes, num_values = _safetensors_summary(path, size)
+        dtypes, num_values = _safetensors_summary(path)
         return PublishFile(path.name, path, size, dtypes, num_values)
     return PublishFile(path.name, path, size)
 
@@ -182,44 +177,16 @@ def _safetensors_header_bytes(path: Path) -> bytes:
         if len(prefix) < 8:
             return b""
         (n,) = struct.unpack("<Q", prefix)
-        return f.read(min(n, _MAX_HEADER_BYTES))
+        return f.read(min(n, MAX_HEADER_BYTES))
 
 
-def _safetensors_summary(path: Path, size: int) -> tuple[tuple[str, ...], int]:
-    """Check that a safetensors file is complete (header + every byte it promises) and summarize it."""
-    with path.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file ({size} bytes); refusing to publish it")
-        (n,) = struct.unpack("<Q", prefix)
-        if n > min(_MAX_HEADER_BYTES, size - 8):
-            raise CheckpointError(f"{path}: not a complete safetensors file (header of {n} bytes in {size})")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise CheckpointError(f"{path}: not a safetensors file (unreadable header)") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: not a safetensors file (header is not an object)")
-    end, dtypes, num_values = 0, set(), 0
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            _begin, stop = info["data_offsets"]
-            dtypes.add(str(info["dtype"]))
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
-        except (TypeError, KeyError, ValueError):
-            raise CheckpointError(f"{path}: not a safetensors file (bad entry for {key!r})") from None
-        end = max(end, int(stop))
-        num_values += count
-    if 8 + n + end != size:
-        raise CheckpointError(
-            f"{path}: not a complete safetensors file (header promises {8 + n + end} bytes, file has {size});"
-            " refusing to publish it"
-        )
-    return tuple(sorted(dtypes)), num_values
+def _safetensors_summary(path: Path) -> tuple[tuple[str, ...], int]:
+    """The dtypes and element count of a safetensors file whose header promises exactly its bytes."""
+    header = read_header(path)
+    if header.problems:
+        raise CheckpointError(f"{path}: not a complete safetensors file ({header.problems[0]}); refusing to publish it")
+    entries = header.entries.values()
+    return tuple(sorted({e.dtype for e in entries})), sum(e.numel for e in entries)
 
 
 def _check_index(plan: PublishPlan) -> None:
@@ -228,7 +195,7 @@ def _check_index(plan: PublishPlan) -> None:
     for f in plan.files:
         if not f.name.endswith(".safetensors.index.json"):
             continue
-        index = json.loads(f.path.read_text(encoding="utf-8"))
+        index = read_json_file(f.path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{f.path}: no 'weight_map' object; refusing to publish an unusable index")

@@ -7,6 +7,9 @@ gigabytes where a few hundred bytes belong; its JSON may nest a hundred thousand
 turn all of that into the two exception types the callers already handle - ``OSError`` for
 "cannot read it" and ``ValueError`` for "not what it should be" - instead of a hang, a
 memory blow-up or a traceback.
+
+:func:`read_json_file` is the one way the project reads a small JSON file: it adds the
+user-facing side, one :class:`~ckpt_tools.errors.CkptError` line that names the file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 import stat
 from pathlib import Path
 from typing import Any
+
+from ckpt_tools.errors import CheckpointError, CkptError
 
 MAX_JSON_BYTES = 64 * 2**20  # a train_config.json is a few KB; an index json a few MB at most
 
@@ -89,3 +94,35 @@ def parse_json(text: str | bytes) -> Any:
 def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
     """A JSON file: ``OSError`` (missing, unreadable, not a file, too big) or ``ValueError`` (bad content)."""
     return parse_json(read_text(Path(path), limit))
+
+
+def read_json_file(
+    path: str | os.PathLike[str],
+    *,
+    label: str | None = None,
+    missing: str = "missing",
+    want_object: bool = False,
+    error: type[CkptError] = CheckpointError,
+) -> Any:
+    """A small JSON file (a checkpoint's sidecar, a config) as data, or one line the user can act on.
+
+    Every failure is ``error`` (:class:`CheckpointError` unless the caller says otherwise),
+    naming ``label`` (default: the path): ``"{label}: {missing}"`` when the file does not
+    exist; ``unreadable (...)`` when it cannot be read (a FIFO, a directory, too big); ``not
+    valid JSON (...)`` for bad syntax, bytes that are not UTF-8, a nesting bomb or a huge
+    integer; ``expected a JSON object`` when ``want_object`` and the document is not one.
+    """
+    where = label if label is not None else str(path)
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise error(f"{where}: {missing}") from None
+    except OSError as e:
+        raise error(f"{where}: unreadable ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise error(f"{where}: not valid JSON (not UTF-8 text)") from None
+    except ValueError as e:
+        raise error(f"{where}: not valid JSON ({e})") from None
+    if want_object and not isinstance(data, dict):
+        raise error(f"{where}: expected a JSON object, not {type(data).__name__}")
+    return data

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckpt_tools.format.record import Topology
+from ckpt_tools.st.dtypes import numel
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes), DCP's ChunkStorageMetadata
 
@@ -74,10 +75,7 @@ def local_box(shape: tuple[int, ...], topology: Topology, rank: int, *, sharded:
 
 
 def box_numel(box: Box) -> int:
-    n = 1
-    for s in box[1]:
-        n *= s
-    return n
+    return numel(box[1])
 
 
 def boxes_overlap(a: Box, b: Box) -> bool:

@@ -30,7 +30,7 @@ from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import FAIL, WARN, resume_checks
 from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
 from ckpt_tools.resume.reads import ChunkLookup
-from ckpt_tools.resume.source import ResumeSource, TensorSpec, load_source, resolve_step_dir
+from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source, resolve_step_dir
 from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
@@ -251,18 +251,18 @@ class _Placement:
             {name: not parameter_is_ignored(name, regex, PEFT_MODEL_PREFIX) for name in source.frozen},
         )
 
-    def param(self, spec: TensorSpec, rank: int, *, frozen: bool = False) -> Box:
+    def param(self, spec: SavedTensor, rank: int, *, frozen: bool = False) -> Box:
         sharded = (self.frozen_sharded if frozen else self.sharded).get(spec.name, True)
         return local_box(spec.shape, self.topology, rank, sharded=sharded)
 
-    def slot(self, param: TensorSpec | None, spec: TensorSpec, rank: int) -> Box:
+    def slot(self, param: SavedTensor | None, spec: SavedTensor, rank: int) -> Box:
         """Optimizer state is created ``zeros_like(param)``: sharded like it; 0-d ``step`` is whole."""
         follows = (
             param is not None and self.sharded.get(param.name, True) and spec.shape == param.shape and spec.shape != ()
         )
         return local_box(spec.shape, self.topology, rank, sharded=follows)
 
-    def nbytes(self, box: Box, spec: TensorSpec) -> int:
+    def nbytes(self, box: Box, spec: SavedTensor) -> int:
         return box_numel(box) * spec.itemsize
 
 

@@ -34,7 +34,9 @@ DCP_WEIGHTS, SAFETENSORS = "dcp", "safetensors"
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class SavedTensor:
+    """A tensor the checkpoint holds for the resumed model (a parameter or an optimizer slot)."""
+
     name: str  # parameter name (for optimizer state: the parameter's name too)
     shape: tuple[int, ...]
     dtype: str  # torch name, e.g. float32
@@ -43,10 +45,7 @@ class TensorSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.numel(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -75,14 +74,14 @@ class ResumeSource:
     weights_error: str | None
     optimizer: Container | None
     optimizer_error: str | None
-    params: dict[str, TensorSpec]  # live parameter name -> spec, from the weights container
+    params: dict[str, SavedTensor]  # live parameter name -> spec, from the weights container
     trainable: set[str]
-    frozen: dict[str, TensorSpec]  # PEFT: the base model's parameters, read from policy.path
-    optimizer_state: dict[str, dict[str, TensorSpec]]  # live parameter name -> slot -> spec
+    frozen: dict[str, SavedTensor]  # PEFT: the base model's parameters, read from policy.path
+    optimizer_state: dict[str, dict[str, SavedTensor]]  # live parameter name -> slot -> spec
     base_weights: Path | None = None
     notes: list[str] = field(default_factory=list)
 
-    def param_of(self, optimizer_name: str) -> TensorSpec | None:
+    def param_of(self, optimizer_name: str) -> SavedTensor | None:
         """The parameter an optimizer entry belongs to (PEFT safetensors names drop the adapter name)."""
         return self.params.get(optimizer_name) or self.params.get(saved_adapter_key(optimizer_name))
 
@@ -199,13 +198,13 @@ def _safetensors(file: Path) -> Container:
 # ====================================================================== inventories
 
 
-def _params(weights: Container) -> dict[str, TensorSpec]:
-    out: dict[str, TensorSpec] = {}
+def _params(weights: Container) -> dict[str, SavedTensor]:
+    out: dict[str, SavedTensor] = {}
     if weights.index is not None:
         for entry in weights.index.tensors.values():
             name = _below(entry.path, L.MODEL_DCP_KEY, entry.fqn)
             if name is not None:
-                out[name] = TensorSpec(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
+                out[name] = SavedTensor(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
     elif weights.header is not None:
         out = _header_specs(weights.header)
     return out
@@ -219,30 +218,30 @@ def _below(path: tuple[str | int, ...], top: str, fqn: str) -> str | None:
     return fqn[len(prefix) :] if fqn.startswith(prefix) else None
 
 
-def _header_specs(header: SafetensorsHeader) -> dict[str, TensorSpec]:
+def _header_specs(header: SafetensorsHeader) -> dict[str, SavedTensor]:
     out = {}
     for e in header.entries.values():
         dtype = dtypes.BY_SAFETENSORS.get(e.dtype)
         itemsize = dtype.itemsize if dtype else 0
-        out[e.name] = TensorSpec(e.name, e.shape, dtype.name if dtype else e.dtype, itemsize, e.name)
+        out[e.name] = SavedTensor(e.name, e.shape, dtype.name if dtype else e.dtype, itemsize, e.name)
     return out
 
 
-def _optimizer_state(optimizer: Container) -> dict[str, dict[str, TensorSpec]]:
-    out: dict[str, dict[str, TensorSpec]] = {}
+def _optimizer_state(optimizer: Container) -> dict[str, dict[str, SavedTensor]]:
+    out: dict[str, dict[str, SavedTensor]] = {}
     if optimizer.index is not None:
         for entry in optimizer.index.tensors.values():
             path = entry.path
             if len(path) >= 4 and path[0] == L.OPTIMIZER_DCP_KEY and path[1] == "state":
                 name, slot = ".".join(str(p) for p in path[2:-1]), str(path[-1])
-                spec = TensorSpec(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
+                spec = SavedTensor(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
                 out.setdefault(name, {})[slot] = spec
     elif optimizer.header is not None:
         for key, spec in _header_specs(optimizer.header).items():
             # Split exactly as the loader does: a key it cannot place (no "state." prefix, an
             # unknown parameter) shows up as state of a name the param groups do not list.
             name, slot = L.split_flat_optimizer_key(key)
-            out.setdefault(name, {})[slot] = TensorSpec(name, spec.shape, spec.dtype, spec.itemsize, key)
+            out.setdefault(name, {})[slot] = SavedTensor(name, spec.shape, spec.dtype, spec.itemsize, key)
     return out
 
 

@@ -8,6 +8,8 @@ codes we write and the numpy types we compute with.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ckpt_tools.errors import CheckpointError
@@ -113,3 +115,12 @@ def lookup(name: str, *, what: str = "tensor") -> DType:
 
 def is_known(name: str) -> bool:
     return canonical_name(name) in BY_NAME
+
+
+def numel(shape: Iterable[int]) -> int:
+    """Elements of a tensor of ``shape``: the product of its sizes (1 for a 0-d tensor).
+
+    Every description of a tensor (a ``.metadata`` entry or chunk, a safetensors header entry,
+    a chunk archive's record, a planned output) counts its elements with this one function.
+    """
+    return math.prod(shape)

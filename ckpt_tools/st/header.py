@@ -35,10 +35,7 @@ class HeaderEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.numel(self.shape)
 
 
 @dataclass(frozen=True)

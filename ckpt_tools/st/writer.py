@@ -33,14 +33,16 @@ _FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, e
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class TensorToWrite:
+    """One header entry of a file being written: its bytes arrive later, in this order."""
+
     name: str
     dtype: str  # safetensors code
     shape: tuple[int, ...]
     nbytes: int
 
 
-def build_header(specs: Sequence[TensorSpec], metadata: dict[str, str] | None = None) -> bytes:
+def build_header(specs: Sequence[TensorToWrite], metadata: dict[str, str] | None = None) -> bytes:
     """The 8-byte length plus the JSON header, data offsets in the order of ``specs``."""
     doc: dict[str, Any] = {}
     if metadata:
@@ -72,7 +74,7 @@ class StreamingWriter:
     :meth:`abort` on any failure.
     """
 
-    def __init__(self, path: Path, specs: Sequence[TensorSpec], metadata: dict[str, str] | None = None) -> None:
+    def __init__(self, path: Path, specs: Sequence[TensorToWrite], metadata: dict[str, str] | None = None) -> None:
         self.path = Path(path)
         self.specs = list(specs)
         self.header = build_header(self.specs, metadata)
@@ -268,7 +270,7 @@ def parse_size(value: str | int) -> int:
     return size
 
 
-def plan_shards(specs: Sequence[TensorSpec], max_shard_size: int | None, stem: str = "model") -> ShardPlan:
+def plan_shards(specs: Sequence[TensorToWrite], max_shard_size: int | None, stem: str = "model") -> ShardPlan:
     """Split ``specs`` (in order) into files of at most ``max_shard_size`` data bytes each.
 
     One file (``{stem}.safetensors``, no index) when everything fits; otherwise the Hub's

@@ -22,7 +22,7 @@ from typing import Any
 import draccus
 
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -164,12 +164,12 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         from ckpt_tools.train.checkpoint.manager import find_train_config
 
         train_config, step_dir = find_train_config(config_path)
-        base = _read_json(train_config)
+        base = _read_config(train_config)
         args = [a for a in args if not a.startswith("--policy.type")]
         cfg = _draccus_parse(args, base)
         cfg.resume = True
         return cfg, step_dir
-    base = _read_json(Path(config_path)) if config_path else None
+    base = _read_config(Path(config_path)) if config_path else None
     policy_path = _pop(args, "policy.path")
     if policy_path is not None:
         base = _with_pretrained_policy(base or {}, policy_path, _peek(args, "policy.type"))
@@ -191,17 +191,11 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
     return {**base, "policy": saved}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = read_json(path)
-    except FileNotFoundError:
-        raise ConfigError(f"--config_path={path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"--config_path={path}: unreadable ({e.strerror or e})") from None
-    except ValueError as e:  # syntax, 100k-deep nesting, 5000-digit numbers
-        raise ConfigError(f"--config_path={path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config_path={path}: expected a JSON object")
+def _read_config(path: Path) -> dict[str, Any]:
+    """``--config_path``'s JSON object; every way it can be bad is a start-up refusal naming the flag."""
+    data: dict[str, Any] = read_json_file(
+        path, label=f"--config_path={path}", missing="no such file", want_object=True, error=ConfigError
+    )
     return data
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
-from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
 
@@ -43,10 +43,7 @@ def saved_policy_config(directory: Path) -> dict[str, Any]:
     config = directory / layout.POLICY_CONFIG
     if not config.exists():
         raise ConfigError(f"--policy.path={directory}: no {layout.POLICY_CONFIG} (not a saved policy)")
-    try:
-        data = read_json(config)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{config}: unreadable ({e})") from None
+    data = read_json_file(config, error=ConfigError)
     if not isinstance(data, dict) or "type" not in data:
         raise ConfigError(f"{config}: not a policy config (no 'type')")
     return data
@@ -76,10 +73,7 @@ def load_pretrained_into(
 def adapter_base_path(directory: Path) -> Path:
     """The base model an adapter was trained on, as recorded in ``adapter_config.json``."""
     config = directory / layout.ADAPTER_CONFIG
-    try:
-        data = read_json(config)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{config}: unreadable ({e})") from None
+    data = read_json_file(config, error=ConfigError)
     base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
     if not base:
         raise ConfigError(f"{config}: records no base_model_name_or_path")

@@ -135,3 +135,14 @@ def test_cli_refusals_are_one_line_with_their_exit_code(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
     assert "convert-dcp" in dcp_only.stderr
     assert sorted(os.listdir(pm)) == [n for n in before if not n.endswith(".safetensors")]
+
+
+def test_push_of_a_100k_deep_config_json_exits_3_with_one_line(tmp_path: Path) -> None:
+    pm = tmp_path / "pretrained_model"
+    pm.mkdir()
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(pm / "model.safetensors"))
+    (pm / "config.json").write_text("[" * 100_000)
+    proc = run_cli("push", str(pm), "--repo-id", "alice/x", no_torch=True)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr == f"error: {pm / 'config.json'}: not valid JSON (JSON nested too deeply)\n"
+    assert proc.stdout == ""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.io.fsutil import fsync_tree, sync_deferred, write_json_atomic
-from ckpt_tools.st.writer import StreamingWriter, TensorSpec
+from ckpt_tools.st.writer import StreamingWriter, TensorToWrite
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def write_files(directory: Path) -> None:
     write_json_atomic(directory / "train_config.json", {"steps": 3})
-    writer = StreamingWriter(directory / "rng_state.safetensors", [TensorSpec("x", "U8", (4,), 4)], {})
+    writer = StreamingWriter(directory / "rng_state.safetensors", [TensorToWrite("x", "U8", (4,), 4)], {})
     writer.open()
     writer.begin("x")
     writer.write(memoryview(b"\x01\x02\x03\x04"))

@@ -296,10 +296,10 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "content, needle",
     [
-        ("[" * 100_000, "config.json: unreadable (JSON nested too deeply)"),
+        ("[" * 100_000, "config.json: not valid JSON (JSON nested too deeply)"),
         (
             '{"type": "act", "dim_model": ' + "9" * 5000 + "}",
-            "config.json: unreadable (Exceeds the limit (4300 digits)",
+            "config.json: not valid JSON (Exceeds the limit (4300 digits)",
         ),
         ("[1, 2]", "not a policy config (no 'type')"),
     ],

@@ -13,9 +13,9 @@ from pathlib import Path
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import unresumable_reason
-from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json, read_json_file
 from ckpt_tools.resume.checks.model import Check
-from ckpt_tools.resume.source import Container, ResumeSource, TensorSpec
+from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
 from ckpt_tools.st.header import read_header
 
@@ -170,7 +170,7 @@ def _optimizer_coverage(source: ResumeSource) -> Check:
     return Check.ok("optimizer-coverage", f"Adam state for all {len(source.trainable)} trainable parameters")
 
 
-def _slot_problem(param: TensorSpec, slots: dict[str, TensorSpec]) -> str | None:
+def _slot_problem(param: SavedTensor, slots: dict[str, SavedTensor]) -> str | None:
     absent = [s for s in ADAM_SLOTS if s not in slots]
     if absent:
         return f"optimizer state lacks {', '.join(absent)}"
@@ -223,14 +223,11 @@ def _scaler(source: ResumeSource, target: ResumeTarget) -> Check:
 
 
 def _json_file(name: str, path: Path, what: str) -> Check:
+    """The loader reads this file with :func:`read_json_file` and hands the object to ``load_state_dict``."""
     try:
-        state = read_json(path)
-    except FileNotFoundError:
-        return Check.fail(name, f"{path}: missing ({what})")
-    except (OSError, ValueError) as e:
-        return Check.fail(name, f"{path}: unreadable ({e})")
-    if not isinstance(state, dict):  # the loader hands it to load_state_dict
-        return Check.fail(name, f"{path}: a JSON {type(state).__name__}, not the state object it must hold")
+        read_json_file(path, missing=f"missing ({what})", want_object=True)
+    except CkptError as e:
+        return Check.fail(name, str(e))
     return Check.ok(name, f"{path.parent.name}/{path.name} ({what})")
 
 

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ckpt_tools.errors import CheckpointError, WriteError
 from ckpt_tools.st.writer import build_header, describe_os_error
-from ckpt_tools.train.checkpoint.safetensors_io import as_bytes, tensor_spec
+from ckpt_tools.train.checkpoint.safetensors_io import as_bytes, tensor_to_write
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.wrap import ParallelModel
 
@@ -70,7 +70,7 @@ def write_gathered(
     state: dict[str, Any], path: Path, writer: RowWriter, barrier: Callable[[], None], metadata: dict[str, str]
 ) -> None:
     """Collective: ``state`` (DTensor shards and plain tensors) as one safetensors file at ``path``."""
-    specs = [tensor_spec(name, t) for name, t in state.items()]
+    specs = [tensor_to_write(name, t) for name, t in state.items()]
     header = build_header(specs, metadata)
     offsets, position = [], len(header)
     for spec in specs:

@@ -33,7 +33,7 @@ from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
 from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.format.rules.data_order import DataOrderChange
-from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.audit import CountingReader, resident_bytes, write_audit
 from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata, require_valid_dcp_inputs
@@ -322,13 +322,13 @@ class CheckpointManager:
         self._load_model(paths, only)
         self._load_optimizer(paths)
         self._write_audit(paths)
-        s.scheduler.load_state_dict(_read_json(paths.scheduler_state))
+        s.scheduler.load_state_dict(read_json_file(paths.scheduler_state, want_object=True))
         if s.scaler is not None:
             if not paths.scaler_state.exists():
                 raise CheckpointError(
                     f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
                 )
-            s.scaler.load_state_dict(_read_json(paths.scaler_state))
+            s.scaler.load_state_dict(read_json_file(paths.scaler_state, want_object=True))
         saved_world = record.topology.world_size if record.topology else None
         rng_restored = rng.restore_rng_state(paths.rng_state, s.env, saved_world, s.cfg.seed, record.step)
         assert record.samples_seen is not None
@@ -441,17 +441,6 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for damaged files
         raise CheckpointError(f"{path}: unreadable ({e})") from None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return read_json(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:

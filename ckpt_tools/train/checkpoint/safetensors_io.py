@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.st.writer import StreamingWriter, TensorSpec
+from ckpt_tools.st.writer import StreamingWriter, TensorToWrite
 
 SAFETENSORS_DTYPES = {
     torch.float32: "F32",
@@ -29,10 +29,10 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+def tensor_to_write(name: str, tensor: torch.Tensor) -> TensorToWrite:
     if tensor.dtype not in SAFETENSORS_DTYPES:
         raise CheckpointError(f"{name}: dtype {tensor.dtype} has no safetensors code")
-    return TensorSpec(
+    return TensorToWrite(
         name, SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), tensor.numel() * tensor.element_size()
     )
 
@@ -49,7 +49,9 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
 
 def save_state_dict(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write ``state`` (plain tensors, any device) to ``path`` atomically."""
-    writer = StreamingWriter(path, [tensor_spec(n, t) for n, t in state.items()], {"format": "pt", **(metadata or {})})
+    writer = StreamingWriter(
+        path, [tensor_to_write(n, t) for n, t in state.items()], {"format": "pt", **(metadata or {})}
+    )
     try:
         writer.open()
         for name, tensor in state.items():

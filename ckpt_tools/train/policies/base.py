@@ -13,7 +13,7 @@ from torch import nn
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout
 from ckpt_tools.io.fsutil import write_json_atomic
-from ckpt_tools.io.safe_read import read_json
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -63,12 +63,7 @@ def policy_config_to_dict(config: PolicyConfig) -> dict[str, Any]:
 
 def load_policy_config(directory: Path) -> PolicyConfig:
     path = directory / layout.POLICY_CONFIG
-    try:
-        data = read_json(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (a saved policy needs its config.json)") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    data = read_json_file(path, missing="missing (a saved policy needs its config.json)")
     try:
         config = draccus.decode(PolicyConfig, data)
     except Exception as e:  # draccus raises several types for a foreign config

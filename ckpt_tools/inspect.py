@@ -5,10 +5,15 @@ dir or a single ``.safetensors`` file. It reads ``training_step.json``, DCP ``.m
 the few hundred header bytes of each chunk archive and each safetensors header - never
 tensor data - so it takes the same fraction of a second on any model size.
 
-Health checks have two severities: ``fail`` (the checkpoint is broken: a file the layout requires
-is missing, metadata is inconsistent, chunks do not tile a tensor, a file is truncated) and
-``warn`` (worth knowing, still loadable: a crashed partial save, an unreferenced shard file,
-the 0.6.x layout that cannot resume). ``healthy`` is true when no check failed.
+Health checks (:class:`ckpt_tools.check.Check`) pass, or have one of two severities: ``fail``
+(the checkpoint is broken: a file the layout requires is missing, metadata is inconsistent,
+chunks do not tile a tensor, a file is truncated) and ``warn`` (worth knowing, still loadable:
+a crashed partial save, an unreferenced shard file, the 0.6.x layout that cannot resume).
+``healthy`` is true when no check failed.
+
+``InspectReport.to_dict`` (what ``inspect --json`` prints) holds every field of the report
+plus ``healthy``; each check is ``{"name", "status", "message"}``, the shape ``verify-resume``
+and ``reshard-plan`` use too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.check import Check
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.errors import CheckpointError, CkptError
@@ -26,20 +32,6 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.record import TrainingStep, read_training_step
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
-
-FAIL, WARN = "fail", "warn"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    severity: str = FAIL  # what a not-ok result means: FAIL breaks health, WARN does not
-
-    @property
-    def failed(self) -> bool:
-        return not self.ok and self.severity == FAIL
 
 
 @dataclass(frozen=True)
@@ -140,17 +132,19 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
     link = root / L.LAST_LINK
     report.partial_saves = [p.name for p in L.list_partial_dirs(root)]
     for name in report.partial_saves:
-        report.checks.append(Check("partial save", False, f"{name}: left by a save that did not complete", WARN))
+        report.checks.append(Check.warn("partial save", f"{name}: left by a save that did not complete"))
     if link.is_symlink() or link.exists():
         ok = last is not None and last.parent.resolve() == root.resolve() and L.is_step_dir_name(last.name)
         report.last = last.name if last is not None else os.readlink(link) if link.is_symlink() else None
         report.checks.append(
-            Check("last link", ok, f"last -> {report.last}" if ok else f"last -> {report.last}: not a step dir here")
+            Check.judge(
+                "last link", ok, f"last -> {report.last}" if ok else f"last -> {report.last}: not a step dir here"
+            )
         )
     elif steps:
-        report.checks.append(Check("last link", False, "no 'last' link next to the step dirs"))
+        report.checks.append(Check.fail("last link", "no 'last' link next to the step dirs"))
     if not steps:
-        report.checks.append(Check("steps", False, f"{root}: no complete step directory"))
+        report.checks.append(Check.fail("steps", f"{root}: no complete step directory"))
         return
     target = last if last is not None and last in [s.resolve() for s in steps] else steps[-1]
     for step_dir in steps:
@@ -161,14 +155,14 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
         if step_dir.resolve() == target.resolve():
             _adopt(report, sub)
         elif failed:
-            report.checks.append(Check(f"step {step_dir.name}", False, f"{failed} failed checks (inspect it)"))
+            report.checks.append(Check.fail(f"step {step_dir.name}", f"{failed} failed checks (inspect it)"))
     report.inspected_step = target.name
 
 
 def _adopt(report: InspectReport, sub: InspectReport) -> None:
     """Take the inspected step's details into the root report (checks prefixed with its name)."""
     name = Path(sub.path).name
-    report.checks.extend(Check(f"{name}: {c.name}", c.ok, c.detail, c.severity) for c in sub.checks)
+    report.checks.extend(Check(f"{name}: {c.name}", c.status, c.message) for c in sub.checks)
     for attr in ("step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
@@ -206,7 +200,7 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
     try:
         record = read_training_step(paths.training_step)
     except CheckpointError as e:
-        report.checks.append(Check("training_step.json", False, str(e)))
+        report.checks.append(Check.fail("training_step.json", str(e)))
         return None
     report.training_step = record.to_dict()
     report.legacy = record.is_legacy
@@ -223,15 +217,13 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
         report.notes.append(summary)
     if record.is_legacy:
         report.checks.append(
-            Check(
+            Check.warn(
                 "resumable layout",
-                False,
                 "0.6.x-era checkpoint (num_processes, no topology, no optimizer_0/): its weights load as a"
                 " pretrained policy, its training state cannot be resumed",
-                WARN,
             )
         )
-    report.checks.append(Check("training_step.json", True, f"step {record.step}"))
+    report.checks.append(Check.ok("training_step.json", f"step {record.step}"))
     return record
 
 
@@ -301,13 +293,13 @@ def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool,
         present = [g for g in gathered if g.exists()]
         if path.parent == paths.model_dcp and present:
             # convert-dcp --delete-dcp replaced the shards by the gathered file: still loadable.
-            notes.append(Check("weights converted", False, f"{L.MODEL_DCP_DIR}/ replaced by {present[0].name}", WARN))
+            notes.append(Check.warn("weights converted", f"{L.MODEL_DCP_DIR}/ replaced by {present[0].name}"))
             continue
         missing.append(f"{rel} ({why})")
     if missing:
-        return [Check("expected files", False, "missing: " + "; ".join(missing)), *notes]
+        return [Check.fail("expected files", "missing: " + "; ".join(missing)), *notes]
     where = f" in {part}/" if part else ""
-    return [Check("expected files", True, f"every file this run's checkpoint must hold is present{where}"), *notes]
+    return [Check.ok("expected files", f"every file this run's checkpoint must hold is present{where}"), *notes]
 
 
 def _weight_files(pm: Path) -> list[Path]:
@@ -329,7 +321,7 @@ def _inspect_loose_dir(path: Path, report: InspectReport, tensors: bool) -> None
     if dcp.is_dir():
         _inspect_dcp(dcp, dcp.name, report, tensors)
     if not report.weights and not report.checks:
-        report.checks.append(Check("weights", False, f"{path}: no weights found"))
+        report.checks.append(Check.fail("weights", f"{path}: no weights found"))
 
 
 # ====================================================================== safetensors
@@ -351,14 +343,12 @@ def _header_check(path: Path, rel: str, report: InspectReport) -> SafetensorsHea
     try:
         header = read_header(path)
     except CkptError as e:
-        report.checks.append(Check(f"{rel}", False, str(e)))
+        report.checks.append(Check.fail(rel, str(e)))
         return None
     if header.problems:
-        report.checks.append(Check(f"{rel}", False, "; ".join(header.problems[:3])))
+        report.checks.append(Check.fail(rel, "; ".join(header.problems[:3])))
     else:
-        report.checks.append(
-            Check(f"{rel}", True, f"header sane, {len(header.entries)} tensors, {header.file_size} bytes")
-        )
+        report.checks.append(Check.ok(rel, f"header sane, {len(header.entries)} tensors, {header.file_size} bytes"))
     return header
 
 
@@ -372,7 +362,7 @@ def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -
         if not all(isinstance(f, str) and "/" not in f and f not in ("", ".", "..") for f in files):
             raise ValueError("shard names must be plain file names")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        report.checks.append(Check(rel, False, f"{path}: not a valid safetensors index"))
+        report.checks.append(Check.fail(rel, f"{path}: not a valid safetensors index"))
         return
     headers = []
     for name in files:
@@ -381,7 +371,7 @@ def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -
             headers.append(header)
             missing = [k for k, f in weight_map.items() if f == name and k not in header.entries]
             if missing:
-                report.checks.append(Check(rel, False, f"{name} lacks {missing[0]} (and {len(missing) - 1} more)"))
+                report.checks.append(Check.fail(rel, f"{name} lacks {missing[0]} (and {len(missing) - 1} more)"))
     report.weights.append(_summary_from_header(rel, headers))
     if tensors:
         for h in headers:
@@ -426,14 +416,14 @@ def _inspect_dcp(
     try:
         index = ChunkIndex.load(directory)
     except CkptError as e:
-        report.checks.append(Check(f"{rel}/.metadata", False, str(e)))
+        report.checks.append(Check.fail(f"{rel}/.metadata", str(e)))
         return
     report.checks.append(
-        Check(f"{rel}/.metadata", True, f"{len(index.tensors)} tensors, {len(index.byte_items)} other items")
+        Check.ok(f"{rel}/.metadata", f"{len(index.tensors)} tensors, {len(index.byte_items)} other items")
     )
     problems = validate.structure_problems(index)
     report.checks.append(
-        Check(
+        Check.judge(
             f"{rel} chunks",
             not problems,
             "; ".join(p.message for p in problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
@@ -445,15 +435,13 @@ def _inspect_dcp(
         report.checks.append(_archive_check(index, rel))
     unreferenced = index.unreferenced_files()
     if unreferenced:
-        report.checks.append(
-            Check(f"{rel} files", False, f"not referenced by .metadata: {', '.join(unreferenced)}", WARN)
-        )
+        report.checks.append(Check.warn(f"{rel} files", f"not referenced by .metadata: {', '.join(unreferenced)}"))
     ranks = tuple(index.ranks())
     if record is not None and record.topology is not None and ranks:
         expected = record.topology.world_size
         got = max(r.rank for r in ranks) + 1
         report.checks.append(
-            Check(
+            Check.judge(
                 f"{rel} ranks",
                 got == expected,
                 f"shards from {got} ranks, training_step.json says world_size {expected}",
@@ -488,10 +476,10 @@ def _archive_check(index: ChunkIndex, rel: str) -> Check:
     """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data."""
     found = validate.archive_problems(index)
     if found:
-        return Check(f"{rel} chunk data", False, found[0].message)
+        return Check.fail(f"{rel} chunk data", found[0].message)
     chunks = sum(len(e.chunks) for e in index.tensors.values())
     items = f" and {len(index.byte_items)} non-tensor items are plain data" if index.byte_items else ""
-    return Check(f"{rel} chunk data", True, f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")
+    return Check.ok(f"{rel} chunk data", f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")
 
 
 def _rel(root: Path, path: Path) -> str:

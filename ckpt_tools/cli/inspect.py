@@ -84,8 +84,8 @@ def _print_report(report: Any, tensors: bool) -> None:
             echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
     echo("Checks:")
     for c in report.checks:
-        mark = "ok  " if c.ok else ("FAIL" if c.severity == "fail" else "warn")
-        echo(f"  {mark} {c.name}: {c.detail}")
+        mark = {"pass": "ok  ", "fail": "FAIL"}.get(c.status, c.status)
+        echo(f"  {mark} {c.name}: {c.message}")
     failed = sum(c.failed for c in report.checks)
     echo("healthy" if report.healthy else f"UNHEALTHY: {failed} check(s) failed")
 

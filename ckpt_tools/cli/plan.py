@@ -114,8 +114,9 @@ def print_plan(plan: Any) -> None:
     if plan.suggestion is not None and plan.suggestion.explanation:
         echo(f"  suggestion {plan.suggestion.explanation}")
     # data-order and effective-batch warnings repeat the Batch section above
-    warnings = [w for w in plan.warnings if not w.startswith(("data-order:", "effective-batch:"))]
-    for title, items in (("Notes", plan.notes), ("Warnings", warnings), ("Cannot work", plan.blockers)):
+    warnings = [f"{c.name}: {c.message}" for c in plan.warnings if c.name not in ("data-order", "effective-batch")]
+    blockers = [f"{c.name}: {c.message}" for c in plan.blockers]
+    for title, items in (("Notes", plan.notes), ("Warnings", warnings), ("Cannot work", blockers)):
         if items:
             echo("")
             echo(title)

@@ -10,7 +10,13 @@ never tensor data - it predicts, for every rank of the target topology:
 
 plus the batch factorization before and after, whether the data order stays sample-exact,
 where the sampler resumes, a linear-scaling suggestion for the learning rate and steps (never
-applied), and what cannot work and why (the failed checks of :mod:`ckpt_tools.resume.checks`).
+applied), and what cannot work and why (the failed checks of :mod:`ckpt_tools.resume.checks`,
+the same :class:`~ckpt_tools.check.Check` results ``verify-resume`` reports).
+
+``ReshardPlan.to_dict`` (what ``reshard-plan --json`` prints) holds every field of the plan
+plus ``workable``, per rank ``read_bytes`` and ``resident.total``, per batch
+``effective_batch_size`` and ``samples_per_step``; ``blockers`` and ``warnings`` are lists of
+checks shaped ``{"name", "status", "message"}``, as in ``verify-resume`` and ``inspect``.
 The resume audit the training core writes (``resume_audit/rank<R>.json``) is the measured side
 of the same numbers; the tests hold one against the other.
 """
@@ -22,12 +28,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.check import FAIL, WARN, Check
 from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import BatchFactorization, Topology
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_ignored
 from ckpt_tools.format.rules.scaling import linear_scaling
-from ckpt_tools.resume.checks import FAIL, WARN, resume_checks
+from ckpt_tools.resume.checks import resume_checks
 from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
 from ckpt_tools.resume.reads import ChunkLookup
 from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source, resolve_step_dir
@@ -129,8 +136,8 @@ class ReshardPlan:
     batch_after: BatchFactorization | None = None
     data: DataOrder | None = None
     suggestion: Suggestion | None = None
-    blockers: list[str] = field(default_factory=list)  # what cannot work, and why
-    warnings: list[str] = field(default_factory=list)
+    blockers: list[Check] = field(default_factory=list)  # the failed resume checks: what cannot work, and why
+    warnings: list[Check] = field(default_factory=list)  # the warned ones: what the resume changes
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -202,11 +209,9 @@ def build_plan(source: ResumeSource, target: ResumeTarget) -> ReshardPlan:
         optimizer=_describe(source, source.optimizer.path if source.optimizer else None),
         notes=list(source.notes),
     )
-    for check in resume_checks(source, target):
-        if check.status == FAIL:
-            plan.blockers.append(f"{check.name}: {check.message}")
-        elif check.status == WARN:
-            plan.warnings.append(f"{check.name}: {check.message}")
+    checks = resume_checks(source, target)
+    plan.blockers = [c for c in checks if c.status == FAIL]
+    plan.warnings = [c for c in checks if c.status == WARN]
     plan.batch_before = _batch(record.batch_size, record.dp_world_size, record.grad_accum_steps)
     # Every process is a data-parallel worker: dp_world_size is the world size, whatever R and S.
     plan.batch_after = _batch(target.batch_size, target.world_size, target.grad_accum_steps)

@@ -16,9 +16,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckpt_tools.check import FAIL, WARN, Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
-from ckpt_tools.resume.checks import FAIL, WARN, Check, resume_checks
+from ckpt_tools.resume.checks import resume_checks
 from ckpt_tools.resume.source import load_source, resolve_step_dir
 from ckpt_tools.resume.target import TargetRequest, resolve_target
 
@@ -41,6 +42,7 @@ class VerifyReport:
         return not self.failures
 
     def to_dict(self) -> dict[str, Any]:
+        """What ``verify-resume --json`` prints; each check is ``{"name", "status", "message"}`` as in ``inspect``."""
         return {
             "checkpoint": self.checkpoint,
             "step": self.step,
@@ -48,7 +50,7 @@ class VerifyReport:
             "target": self.target,
             "strict": self.strict,
             "resumable": self.resumable,
-            "checks": [{"name": c.name, "status": c.status, "message": c.message} for c in self.checks],
+            "checks": [c.to_dict() for c in self.checks],
         }
 
 

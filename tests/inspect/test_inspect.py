@@ -37,7 +37,7 @@ def inspect_json(*args: str, code: int = 0, no_torch: bool = False) -> dict:
 
 
 def failed(report: dict) -> list[str]:
-    return [f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["ok"] and c["severity"] == "fail"]
+    return [f"{c['name']}: {c['message']}" for c in report["checks"] if c["status"] == "fail"]
 
 
 def test_checkpoints_root_lists_steps_last_and_partial_saves(ckpts: Path) -> None:
@@ -46,8 +46,8 @@ def test_checkpoints_root_lists_steps_last_and_partial_saves(ckpts: Path) -> Non
     assert [s["name"] for s in report["steps"]] == ["000005", "000010"]
     assert report["last"] == "000010" and report["inspected_step"] == "000010"
     assert report["partial_saves"] == [".000015.partial"]
-    warn = [c for c in report["checks"] if c["severity"] == "warn" and not c["ok"]]
-    assert any(".000015.partial" in c["detail"] for c in warn)
+    warn = [c for c in report["checks"] if c["status"] == "warn"]
+    assert any(".000015.partial" in c["message"] for c in warn)
 
 
 def test_step_report_topology_batch_params_and_rank_sizes(ckpts: Path, tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_legacy_layout_is_named_plainly(tmp_path: Path) -> None:
     report = inspect_json(str(LEGACY))
     assert report["legacy"] is True
     assert "0.6.x" in report["topology"] and "num_processes=2" in report["topology"]
-    notes = [c["detail"] for c in report["checks"] if c["name"] == "resumable layout"]
+    notes = [c["message"] for c in report["checks"] if c["name"] == "resumable layout"]
     assert notes and "cannot be resumed" in notes[0] and "pretrained policy" in notes[0]
     assert report["healthy"] is True  # its weights are fine; verify-resume is what refuses it
 
@@ -191,4 +191,4 @@ def test_step_converted_with_delete_dcp_stays_healthy(ckpts: Path, tmp_path: Pat
     convert_dcp(step, delete_dcp=True, progress=False)
     report = inspect_json(str(step))
     assert report["healthy"] is True and report["formats"][0] == "safetensors"
-    assert any(c["name"] == "weights converted" and c["severity"] == "warn" for c in report["checks"])
+    assert any(c["name"] == "weights converted" and c["status"] == "warn" for c in report["checks"])

@@ -41,7 +41,7 @@ def test_plan_says_what_cannot_work(runs: dict[str, Path], tmp_path: Path) -> No
     assert "Cannot work" in proc.stdout and "≠ world size 1" in proc.stdout and "--dp-shard 1" in proc.stdout
     assert "verdict: CANNOT WORK (1 blocker)" in proc.stdout
     doc = json.loads(run_cli("reshard-plan", str(runs["fsdp"]), "--nproc", "1", "--json", no_torch=True).stdout)
-    assert not doc["workable"] and doc["ranks"] == [] and doc["blockers"][0].startswith("topology:")
+    assert not doc["workable"] and doc["ranks"] == [] and doc["blockers"][0]["name"] == "topology"
 
 
 def test_plan_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:

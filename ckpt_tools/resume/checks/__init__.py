@@ -12,13 +12,13 @@ ones as what cannot work.
 
 from __future__ import annotations
 
-from ckpt_tools.resume.checks.model import FAIL, PASS, WARN, Check
+from ckpt_tools.check import Check
 from ckpt_tools.resume.checks.settings import settings_checks
 from ckpt_tools.resume.checks.state import state_checks
 from ckpt_tools.resume.source import ResumeSource
 from ckpt_tools.resume.target import ResumeTarget
 
-__all__ = ["FAIL", "PASS", "WARN", "Check", "resume_checks"]
+__all__ = ["resume_checks"]
 
 
 def resume_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import dataset
 from ckpt_tools.format import layout as L
@@ -17,7 +18,6 @@ from ckpt_tools.format.record import BatchFactorization
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.format.rules.startup import resolve_parallelism
-from ckpt_tools.resume.checks.model import Check
 from ckpt_tools.resume.source import ResumeSource
 from ckpt_tools.resume.target import ResumeTarget
 from ckpt_tools.st.header import read_header

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.io.safe_read import read_json, read_json_file
-from ckpt_tools.resume.checks.model import Check
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
 from ckpt_tools.st.header import read_header

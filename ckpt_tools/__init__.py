@@ -15,6 +15,7 @@ _LAZY_API = {
     "inspect_path": "ckpt_tools.inspect",
     "plan_reshard": "ckpt_tools.resume.plan",
     "verify_resume": "ckpt_tools.resume.verify",
+    "TargetRequest": "ckpt_tools.resume.target",  # what plan_reshard / verify_resume take
     "push_to_hub": "ckpt_tools.hub",
 }
 

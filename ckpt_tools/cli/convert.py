@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
+from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.errors import UsageError
 from ckpt_tools.units import human_bytes
 
@@ -70,7 +71,7 @@ def convert_dcp_command(
         str | None, typer.Option("--push-to-hub", metavar="REPO", help="Publish the converted folder to the Hub.")
     ] = None,
     private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     if checkpoint is not None and checkpoint_dir is not None and checkpoint != checkpoint_dir:

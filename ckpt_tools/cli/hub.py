@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
+from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.hub import push_to_hub
 from ckpt_tools.units import human_bytes
 
@@ -44,7 +45,7 @@ def push(
     revision: Annotated[str | None, typer.Option("--revision", help="Branch to commit to (created from main).")] = None,
     commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
     no_card: Annotated[bool, typer.Option("--no-card", help="Do not generate a README.md model card.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     result = push_to_hub(
         path,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes, human_count
 
@@ -35,7 +36,7 @@ Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a check
 def inspect_command(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint path (see above).")],
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor: name, dtype, shape, chunks.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     from ckpt_tools.inspect import inspect_path
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.cli.options import (
+    BatchSizeOpt,
+    CheckpointFormatOpt,
+    DpReplicateOpt,
+    DpShardOpt,
+    GradAccumOpt,
+    JsonOpt,
+    MixedPrecisionOpt,
+    NnodesOpt,
+    NprocOpt,
+    ResumeCheckpointArg,
+)
 from ckpt_tools.cli.render import rank_ranges, table
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes
@@ -41,43 +52,31 @@ Exit codes: 0 the resume can work; 1 something stands in its way (listed); 2 bad
 @app.command("reshard-plan", help=PLAN_HELP, no_args_is_help=True)
 @handled
 def reshard_plan_command(
-    checkpoint: Annotated[
-        Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
-    ],
-    nproc: Annotated[int, typer.Option("--nproc", help="Processes of the resumed run (world size).")],
-    dp_replicate: Annotated[
-        int | None, typer.Option("--dp-replicate", help="Replica groups R [--parallelism.dp_replicate].")
-    ] = None,
-    dp_shard: Annotated[
-        int | None, typer.Option("--dp-shard", help="Shards per group S, -1 = all [--parallelism.dp_shard].")
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Per-worker batch [--batch_size].")] = None,
-    grad_accum: Annotated[
-        int | None, typer.Option("--grad-accum", help="[--accelerator.gradient_accumulation.steps].")
-    ] = None,
-    nnodes: Annotated[int | None, typer.Option("--nnodes", help="Nodes the processes are spread over.")] = None,
-    mixed_precision: Annotated[
-        str | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 [--accelerator.mixed_precision].")
-    ] = None,
-    checkpoint_format: Annotated[
-        str | None,
-        typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    checkpoint: ResumeCheckpointArg,
+    nproc: NprocOpt,
+    dp_replicate: DpReplicateOpt = None,
+    dp_shard: DpShardOpt = None,
+    batch_size: BatchSizeOpt = None,
+    grad_accum: GradAccumOpt = None,
+    nnodes: NnodesOpt = None,
+    mixed_precision: MixedPrecisionOpt = None,
+    checkpoint_format: CheckpointFormatOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     from ckpt_tools.resume.plan import plan_reshard
+    from ckpt_tools.resume.target import TargetRequest
 
-    plan = plan_reshard(
-        checkpoint,
+    request = TargetRequest(
         nproc=nproc,
         dp_replicate=dp_replicate,
         dp_shard=dp_shard,
         batch_size=batch_size,
         grad_accum=grad_accum,
-        nnodes=nnodes,
         mixed_precision=mixed_precision,
         checkpoint_format=checkpoint_format,
+        nnodes=nnodes,
     )
+    plan = plan_reshard(checkpoint, request)
     if json_out:
         emit_json(plan.to_dict())
     else:

@@ -8,6 +8,17 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.cli.options import (
+    BatchSizeOpt,
+    CheckpointFormatOpt,
+    DpReplicateOpt,
+    DpShardOpt,
+    GradAccumOpt,
+    JsonOpt,
+    MixedPrecisionOpt,
+    OptionalNprocOpt,
+    ResumeCheckpointArg,
+)
 from ckpt_tools.errors import ExitCode
 
 VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
@@ -44,38 +55,24 @@ MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 @app.command("verify-resume", help=VERIFY_HELP, no_args_is_help=True)
 @handled
 def verify_resume_command(
-    checkpoint: Annotated[
-        Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
-    ],
+    checkpoint: ResumeCheckpointArg,
     config: Annotated[
         Path | None, typer.Option("--config", help="train_config.json of the run that will resume.")
     ] = None,
-    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes of the resumed run (world size).")] = None,
-    dp_replicate: Annotated[
-        int | None, typer.Option("--dp-replicate", help="Replica groups R [--parallelism.dp_replicate].")
-    ] = None,
-    dp_shard: Annotated[
-        int | None, typer.Option("--dp-shard", help="Shards per group S, -1 = all [--parallelism.dp_shard].")
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Per-worker batch [--batch_size].")] = None,
-    grad_accum: Annotated[
-        int | None, typer.Option("--grad-accum", help="[--accelerator.gradient_accumulation.steps].")
-    ] = None,
-    mixed_precision: Annotated[
-        str | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 [--accelerator.mixed_precision].")
-    ] = None,
-    checkpoint_format: Annotated[
-        str | None,
-        typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
-    ] = None,
+    nproc: OptionalNprocOpt = None,
+    dp_replicate: DpReplicateOpt = None,
+    dp_shard: DpShardOpt = None,
+    batch_size: BatchSizeOpt = None,
+    grad_accum: GradAccumOpt = None,
+    mixed_precision: MixedPrecisionOpt = None,
+    checkpoint_format: CheckpointFormatOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
+    from ckpt_tools.resume.target import TargetRequest
     from ckpt_tools.resume.verify import verify_resume
 
-    report = verify_resume(
-        checkpoint,
-        config=config,
+    request = TargetRequest(
         nproc=nproc,
         dp_replicate=dp_replicate,
         dp_shard=dp_shard,
@@ -83,8 +80,8 @@ def verify_resume_command(
         grad_accum=grad_accum,
         mixed_precision=mixed_precision,
         checkpoint_format=checkpoint_format,
-        strict=strict,
     )
+    report = verify_resume(checkpoint, request, config=config, strict=strict)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -161,35 +161,17 @@ class ReshardPlan:
 # ====================================================================== entry point
 
 
-def plan_reshard(
-    checkpoint: str | os.PathLike[str],
-    *,
-    nproc: int,
-    dp_replicate: int | None = None,
-    dp_shard: int | None = None,
-    batch_size: int | None = None,
-    grad_accum: int | None = None,
-    nnodes: int | None = None,
-    mixed_precision: str | None = None,
-    checkpoint_format: str | None = None,
-) -> ReshardPlan:
-    """Plan a resume of ``checkpoint`` on ``nproc`` processes; flags left None keep the saved config.
+def plan_reshard(checkpoint: str | os.PathLike[str], request: TargetRequest | None = None) -> ReshardPlan:
+    """Plan a resume of ``checkpoint`` as ``request`` describes it (None: on the saved topology).
 
-    Raises :class:`~ckpt_tools.errors.UsageError` for flag values that can never work and
+    ``request`` holds the resume command's overrides, e.g. ``TargetRequest(nproc=4,
+    dp_replicate=2, dp_shard=2)``; what it leaves None keeps the saved config's value. Raises
+    :class:`~ckpt_tools.errors.UsageError` for values that can never work and
     :class:`~ckpt_tools.errors.CheckpointError` when the path is not a checkpoint or its
     ``training_step.json`` is unreadable; everything else that stands in the way of the resume
     is listed in ``blockers``.
     """
-    request = TargetRequest(
-        nproc=nproc,
-        dp_replicate=dp_replicate,
-        dp_shard=dp_shard,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        mixed_precision=mixed_precision,
-        checkpoint_format=checkpoint_format,
-        nnodes=nnodes,
-    )
+    request = request or TargetRequest()
     request.check()
     paths = resolve_step_dir(checkpoint)
     source = load_source(paths)

@@ -13,7 +13,7 @@ flags on top, on ``nproc`` processes (default: the saved world size).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check
@@ -56,35 +56,24 @@ class VerifyReport:
 
 def verify_resume(
     checkpoint: str | os.PathLike[str],
+    request: TargetRequest | None = None,
     *,
     config: str | os.PathLike[str] | None = None,
-    nproc: int | None = None,
-    dp_replicate: int | None = None,
-    dp_shard: int | None = None,
-    batch_size: int | None = None,
-    grad_accum: int | None = None,
-    mixed_precision: str | None = None,
-    checkpoint_format: str | None = None,
     strict: bool = False,
 ) -> VerifyReport:
-    """Check every precondition of resuming ``checkpoint``; flags left None keep the saved config.
+    """Check every precondition of resuming ``checkpoint`` as ``request`` describes the resumed run.
 
-    Raises :class:`~ckpt_tools.errors.UsageError` for impossible flag values and
+    ``request`` holds the resume command's overrides (None: none); what it leaves None keeps
+    the saved config's value - or ``config``'s, a train_config.json the next run will use.
+    Without ``nproc``, an explicit ``R×S`` stands for the process count. Raises
+    :class:`~ckpt_tools.errors.UsageError` for impossible values and
     :class:`~ckpt_tools.errors.CheckpointError` when ``checkpoint`` is not a checkpoint at all
     (or ``config`` is unreadable); a checkpoint that is there but broken yields failed checks.
     """
+    request = request or TargetRequest()
     target_config = read_saved_config(config) if config is not None else None
-    if nproc is None:
-        nproc = _implied_nproc(dp_replicate, dp_shard, target_config)
-    request = TargetRequest(
-        nproc=nproc,
-        dp_replicate=dp_replicate,
-        dp_shard=dp_shard,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        mixed_precision=mixed_precision,
-        checkpoint_format=checkpoint_format,
-    )
+    if request.nproc is None:
+        request = replace(request, nproc=_implied_nproc(request.dp_replicate, request.dp_shard, target_config))
     request.check()
     paths = resolve_step_dir(checkpoint)
     report = VerifyReport(checkpoint=str(paths.root), step=paths.step, source=None, target=None, strict=strict)

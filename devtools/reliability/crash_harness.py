@@ -197,6 +197,7 @@ def prune(root: Path, keep: int = 2) -> None:
 def check_last(root: Path, nproc: int, previous: int | None) -> list[str]:
     """What must hold after any fault: a complete, resumable ``last``, no broken visible step."""
     from ckpt_tools.inspect import inspect_path
+    from ckpt_tools.resume.target import TargetRequest
     from ckpt_tools.resume.verify import verify_resume
 
     problems = []
@@ -210,7 +211,7 @@ def check_last(root: Path, nproc: int, previous: int | None) -> list[str]:
     if previous is not None and step < previous:
         problems.append(f"last moved backwards: {previous} -> {step}")
     for visible in layout.list_step_dirs(root):
-        report = verify_resume(visible, nproc=nproc)
+        report = verify_resume(visible, TargetRequest(nproc=nproc))
         if not report.resumable:
             why = "; ".join(c.message for c in report.failures)[:500]
             problems.append(f"{visible.name} is visible but not resumable: {why}")

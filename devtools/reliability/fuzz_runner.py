@@ -239,6 +239,7 @@ def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, A
     from ckpt_tools.convert import convert_dcp
     from ckpt_tools.inspect import inspect_path
     from ckpt_tools.resume.plan import plan_reshard
+    from ckpt_tools.resume.target import TargetRequest
     from ckpt_tools.resume.verify import verify_resume
 
     def inspect() -> dict[str, Any]:
@@ -250,7 +251,7 @@ def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, A
         return {"resumable": r.resumable, "failed": [c.message[:200] for c in r.failures][:3]}
 
     def plan() -> dict[str, Any]:
-        r = plan_reshard(target, nproc=nproc)
+        r = plan_reshard(target, TargetRequest(nproc=nproc))
         json.dumps(r.to_dict(), default=str)
         return {"workable": r.workable}
 

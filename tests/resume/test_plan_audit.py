@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.resume.plan import ReshardPlan, plan_reshard
+from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import ok, step_dir, train
 
@@ -47,8 +48,8 @@ def assert_plan_is_true(plan: ReshardPlan, output_dir: Path) -> None:
 def test_fsdp_checkpoint_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
     flags = {"nproc": 4, "dp_replicate": 2, "dp_shard": 2, "checkpoint_format": "dcp"}
-    assert verify_resume(src, **flags).resumable
-    plan = plan_reshard(src, **flags)
+    assert verify_resume(src, TargetRequest(**flags)).resumable
+    plan = plan_reshard(src, TargetRequest(**flags))
     assert plan.workable and plan.target.layout == "hsdp"
     # Replicas of a shard read the same spans; the two shards split the saved chunks between them.
     assert plan.ranks[0].dcp_reads().keys() == plan.ranks[2].dcp_reads().keys()
@@ -62,8 +63,8 @@ def test_fsdp_checkpoint_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> Non
 def test_hsdp_checkpoint_onto_fsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["hsdp"], 4)
     flags = {"nproc": 2, "dp_replicate": 1, "dp_shard": 2, "checkpoint_format": "safetensors_dcp"}
-    assert verify_resume(src, **flags).resumable
-    plan = plan_reshard(src, **flags)
+    assert verify_resume(src, TargetRequest(**flags)).resumable
+    plan = plan_reshard(src, TargetRequest(**flags))
     assert plan.workable and not plan.data.sample_exact
     out = tmp_path / "fsdp"
     ok(train(*resume_args(src, out, *_flags(1, 2, "safetensors_dcp"), "--steps=5"), nproc=2))
@@ -78,8 +79,8 @@ def test_fsdp_checkpoint_without_rng_state_onto_one_process(runs: dict[str, Path
     same = verify_resume(src)
     assert not same.resumable and [c.name for c in same.failures] == ["rng-state"]
     flags = {"nproc": 1, "dp_shard": 1, "checkpoint_format": "safetensors"}
-    assert verify_resume(src, **flags).resumable
-    plan = plan_reshard(src, **flags)
+    assert verify_resume(src, TargetRequest(**flags)).resumable
+    plan = plan_reshard(src, TargetRequest(**flags))
     assert plan.workable and plan.target.layout == "single"
     assert [r.dcp_reads() for r in plan.ranks] == [
         {  # one process reads every saved span of both DCP directories, whole files

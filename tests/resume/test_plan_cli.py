@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ckpt_tools.resume.plan import plan_reshard
+from ckpt_tools.resume.target import TargetRequest
 from devtools.procs import run_cli
 from devtools.training import step_dir
 
@@ -28,7 +29,9 @@ def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Pa
     machine = run_cli(*args, "--json", no_torch=True)
     assert machine.returncode == 0, machine.stderr
     doc = json.loads(machine.stdout)
-    api = plan_reshard(src, nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", batch_size=4).to_dict()
+    api = plan_reshard(
+        src, TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", batch_size=4)
+    ).to_dict()
     assert doc == json.loads(json.dumps(api))
     assert doc["workable"] and doc["batch_after"]["effective_batch_size"] == 16
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]

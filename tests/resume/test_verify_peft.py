@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.resume.plan import plan_reshard
+from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import TINY, ok, step_dir, train
 from tests.resume.test_plan_audit import assert_plan_is_true, resume_args
@@ -34,8 +35,8 @@ def peft_checkpoint(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 @pytest.mark.torchrun
 def test_peft_plan_counts_the_sharded_frozen_base(peft_checkpoint: Path, tmp_path: Path) -> None:
     flags = {"nproc": 2, "dp_shard": 2}
-    assert verify_resume(peft_checkpoint, **flags).resumable
-    plan = plan_reshard(peft_checkpoint, **flags)
+    assert verify_resume(peft_checkpoint, TargetRequest(**flags)).resumable
+    plan = plan_reshard(peft_checkpoint, TargetRequest(**flags))
     assert plan.workable and plan.target.layout == "fsdp"
     assert all(r.resident_complete for r in plan.ranks)
     base = json.loads((peft_checkpoint / "pretrained_model/train_config.json").read_text())["policy"]["path"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import VerifyReport, verify_resume
 from devtools.procs import REPO
 from devtools.training import TINY, ok, step_dir, train
@@ -76,7 +77,7 @@ def test_intact_checkpoints_are_resumable(runs: dict[str, Path]) -> None:
 
 def test_optimizer_metadata_deleted(fsdp: Path, tmp_path: Path) -> None:
     ckpt = variant(fsdp, tmp_path, lambda d: (d / OPTIM_DCP / ".metadata").unlink())
-    report = verify_resume(ckpt, nproc=1, dp_shard=1, checkpoint_format="safetensors")
+    report = verify_resume(ckpt, TargetRequest(nproc=1, dp_shard=1, checkpoint_format="safetensors"))
     assert list(failed(report)) == ["optimizer"]
     assert "no .metadata" in failed(report)["optimizer"]
     proc = resume(ckpt, tmp_path / "out", *ONE_PROCESS)  # the training core agrees
@@ -184,15 +185,15 @@ def test_dataset_gone(fsdp: Path, tmp_path: Path) -> None:
 
 
 def test_target_topology_and_flags(fsdp: Path) -> None:
-    refused = verify_resume(fsdp, nproc=1)  # the saved config says dp_shard=2
+    refused = verify_resume(fsdp, TargetRequest(nproc=1))  # the saved config says dp_shard=2
     assert list(failed(refused)) == ["topology"] and "--dp-shard 1" in failed(refused)["topology"]
-    dcp_on_one = verify_resume(fsdp, nproc=1, dp_shard=1)  # safetensors_dcp needs a sharded run
+    dcp_on_one = verify_resume(fsdp, TargetRequest(nproc=1, dp_shard=1))  # safetensors_dcp needs a sharded run
     assert (
         list(failed(dcp_on_one)) == ["start-up"] and "--checkpoint_format=safetensors" in failed(dcp_on_one)["start-up"]
     )
-    accum = verify_resume(fsdp, grad_accum=3)  # save_freq=4 is not a multiple of 3
+    accum = verify_resume(fsdp, TargetRequest(grad_accum=3))  # save_freq=4 is not a multiple of 3
     assert "--save_freq=4" in failed(accum)["start-up"]
-    hsdp = verify_resume(fsdp, dp_replicate=2, dp_shard=2)  # nproc implied: 4
+    hsdp = verify_resume(fsdp, TargetRequest(dp_replicate=2, dp_shard=2))  # nproc implied: 4
     assert hsdp.resumable and hsdp.target.startswith("HSDP over 2×2")
 
 
@@ -205,10 +206,12 @@ def fp16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_fp16_scaler_state(fp16_checkpoint: Path, fsdp: Path, tmp_path: Path) -> None:
     assert verify_resume(fp16_checkpoint).resumable
-    changed = verify_resume(fp16_checkpoint, mixed_precision="bf16")
+    changed = verify_resume(fp16_checkpoint, TargetRequest(mixed_precision="bf16"))
     assert changed.resumable and statuses(changed)["precision"] == "warn"
-    assert list(failed(verify_resume(fp16_checkpoint, mixed_precision="bf16", strict=True))) == ["precision"]
-    upgraded = verify_resume(fsdp, mixed_precision="fp16")  # an fp32 checkpoint has no scaler state
+    assert list(failed(verify_resume(fp16_checkpoint, TargetRequest(mixed_precision="bf16"), strict=True))) == [
+        "precision"
+    ]
+    upgraded = verify_resume(fsdp, TargetRequest(mixed_precision="fp16"))  # an fp32 checkpoint has no scaler state
     assert "saved with mixed precision no" in failed(upgraded)["scaler"]
     ckpt = variant(fp16_checkpoint, tmp_path, lambda d: (d / "training_state/scaler_state.json").unlink())
     assert list(failed(verify_resume(ckpt))) == ["scaler"]

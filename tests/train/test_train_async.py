@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import (
     MEDIUM,
@@ -79,7 +80,7 @@ def test_sigkill_during_an_async_save_keeps_the_previous_last(tmp_path: Path) ->
     partial = kill_during_save(out, args)
     last = (out / "checkpoints" / "last").resolve()
     assert partial.exists() and int(last.name) < int(partial.name.strip(".").removesuffix(".partial"))
-    report = verify_resume(last, nproc=2)
+    report = verify_resume(last, TargetRequest(nproc=2))
     assert report.resumable, [c.message for c in report.checks if c.status == "fail"]
 
 
@@ -115,4 +116,4 @@ def test_sigterm_completes_the_in_flight_save_and_stops_cleanly(tmp_path: Path) 
     assert "stopped by SIGTERM after step" in stderr and "Traceback" not in stdout
     assert not list(root.glob(".*.partial")), "a save was left half-visible"
     last = (root / "last").resolve()
-    assert int(last.name) < 200 and verify_resume(last, nproc=2).resumable
+    assert int(last.name) < 200 and verify_resume(last, TargetRequest(nproc=2)).resumable

@@ -1,0 +1,39 @@
+"""Options shared by several commands, declared once as ``Annotated`` aliases.
+
+``reshard-plan`` and ``verify-resume`` describe the resumed run with the same flags, each
+standing for the training flag in brackets; both hand them to the API as one
+:class:`~ckpt_tools.resume.target.TargetRequest`. A flag's spelling and help text live here,
+so the two commands cannot drift apart. ``--json`` means the same for every command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+_NPROC_HELP = "Processes of the resumed run (world size)."
+
+ResumeCheckpointArg = Annotated[
+    Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
+]
+NprocOpt = Annotated[int, typer.Option("--nproc", help=_NPROC_HELP)]
+OptionalNprocOpt = Annotated[int | None, typer.Option("--nproc", help=_NPROC_HELP)]
+DpReplicateOpt = Annotated[
+    int | None, typer.Option("--dp-replicate", help="Replica groups R [--parallelism.dp_replicate].")
+]
+DpShardOpt = Annotated[
+    int | None, typer.Option("--dp-shard", help="Shards per group S, -1 = all [--parallelism.dp_shard].")
+]
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", help="Per-worker batch [--batch_size].")]
+GradAccumOpt = Annotated[int | None, typer.Option("--grad-accum", help="[--accelerator.gradient_accumulation.steps].")]
+NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="Nodes the processes are spread over.")]
+MixedPrecisionOpt = Annotated[
+    str | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 [--accelerator.mixed_precision].")
+]
+CheckpointFormatOpt = Annotated[
+    str | None,
+    typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]

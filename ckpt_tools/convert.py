@@ -244,6 +244,9 @@ def delete_converted_dcp(result: ConvertResult) -> ConvertResult:
 # ====================================================================== resolving the input
 
 
+_WHOLE_STEP = (L.PathKind.CHECKPOINTS_ROOT, L.PathKind.STEP_DIR)  # paths that name a step, not a part of it
+
+
 @dataclass(frozen=True)
 class _Source:
     dcp_dir: Path
@@ -253,19 +256,17 @@ class _Source:
 
 
 def _resolve_source(path: Path, what: str | None) -> _Source:
+    """The DCP directory to convert: in the step ``path`` means (:func:`~ckpt_tools.format.layout.resolve_step`),
+    or a DCP dir / ``pretrained_model/`` / ``training_state/`` given directly, in a step or not."""
     located = L.locate(path)
-    notes: tuple[str, ...] = ()
     kind = located.kind
-    if kind is L.PathKind.CHECKPOINTS_ROOT:
-        last = L.resolve_last(path)
-        if last is None:
-            raise CheckpointError(f"{path}: checkpoints root without a usable 'last' link; pass a step directory")
-        notes = (f"converting {last.name}, the step 'last' points at",)
-        located = L.Located(last, L.PathKind.STEP_DIR, L.StepPaths(last), path)
-        kind = located.kind
     if kind is L.PathKind.SAFETENSORS_FILE:
         raise UsageError(f"{path}: already a safetensors file; convert-dcp takes a step dir or a DCP directory")
-    step = located.step
+    step = L.resolve_step(path) if kind in _WHOLE_STEP or located.step is not None else None
+    notes: tuple[str, ...] = ()
+    if kind is L.PathKind.CHECKPOINTS_ROOT:
+        assert step is not None
+        notes = (f"converting {step.root.name}, the step 'last' points at",)
     if kind is L.PathKind.DCP_DIR:
         dcp_dir = located.path
         if what is None:
@@ -273,7 +274,7 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
         pm = dcp_dir.parent if (dcp_dir.parent / L.ADAPTER_CONFIG).exists() or step is None else step.pretrained_model
         return _Source(dcp_dir, what, pm, notes)
     what = what or "model"
-    if kind is L.PathKind.STEP_DIR:
+    if kind in _WHOLE_STEP:
         assert step is not None
         pm, ts = step.pretrained_model, step.training_state
     elif kind is L.PathKind.PRETRAINED_MODEL:

@@ -3,7 +3,8 @@
 Both halves of the project go through this module: the training core writes with these
 names, and the tools find things with them. Discovery (:func:`locate`) turns whatever path
 a user typed (checkpoints root, ``last``, a step dir, ``pretrained_model/``, a DCP dir or a
-``.safetensors`` file) into a :class:`Located` record saying what it is.
+``.safetensors`` file) into a :class:`Located` record saying what it is; :func:`resolve_step`
+turns it into the one step directory a resume, a conversion or a push reads.
 
     checkpoints/
     ├── 005000/
@@ -267,6 +268,30 @@ def locate(path: str | os.PathLike[str]) -> Located:
     raise CheckpointError(
         f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata or checkpoints/ found)"
     )
+
+
+def resolve_step(path: str | os.PathLike[str]) -> StepPaths:
+    """The step directory a user means by ``path``: what every tool and the trainer's resume read.
+
+    Accepted: a run's output dir (the one holding ``checkpoints/``), a checkpoints root (its
+    ``last``), a step dir or ``last`` itself, and anything inside a step dir -
+    ``pretrained_model/``, ``training_state/``, a DCP dir, ``train_config.json``, a weights
+    file. ``last`` is followed to the step it points at, so a later save that moves ``last``
+    does not change what was resolved. Raises :class:`CheckpointError` with one line.
+    """
+    located = locate(path)
+    if located.kind is PathKind.CHECKPOINTS_ROOT:
+        assert located.checkpoints_root is not None
+        last = resolve_last(located.checkpoints_root)
+        if last is None:
+            raise CheckpointError(f"{path}: no complete checkpoint ('last' is missing or dangling)")
+        return StepPaths(last)
+    step = located.step
+    if step is None and located.path.is_file():
+        return resolve_step(located.path.parent)  # a file inside pretrained_model/ or training_state/
+    if step is None:
+        raise CheckpointError(f"{path}: not inside a checkpoint step directory (no training_state/ next to it)")
+    return StepPaths(step.root.resolve()) if step.root.is_symlink() else step
 
 
 def _enclosing_step(candidate: Path) -> StepPaths | None:

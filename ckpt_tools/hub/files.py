@@ -88,25 +88,24 @@ class PublishPlan:
 def resolve_publish_folder(path: str | os.PathLike[str]) -> Path:
     """Turn what a user typed into the folder to publish.
 
-    Accepted: a ``pretrained_model/`` dir, a convert output dir, a step dir (its
-    ``pretrained_model/``), a checkpoints root or the dir holding ``checkpoints/`` (the
-    ``last`` checkpoint's ``pretrained_model/``).
+    A path that names a whole step - a step dir, ``last``, a checkpoints root, the run dir
+    holding ``checkpoints/`` - publishes that step's ``pretrained_model/``
+    (:func:`~ckpt_tools.format.layout.resolve_step`, as every tool resolves it). Any other
+    directory - a ``pretrained_model/``, a ``convert-dcp --output`` dir - is published as it is.
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if not p.is_dir():
         raise UsageError(f"{p}: PATH must be a directory (a pretrained_model/ dir, a step dir or a convert output dir)")
-    if p.name == layout.TRAINING_STATE_DIR:
+    try:
+        kind = layout.locate(p).kind
+    except CheckpointError:
+        return p  # not laid out as a checkpoint: a folder of converted files
+    if kind is layout.PathKind.TRAINING_STATE:
         raise UsageError(f"{p}: training_state/ is never published; pass the step dir or its pretrained_model/")
-    if (p / layout.PRETRAINED_MODEL_DIR).is_dir():
-        return p / layout.PRETRAINED_MODEL_DIR
-    root = p / layout.CHECKPOINTS_DIR if (p / layout.CHECKPOINTS_DIR).is_dir() else p
-    if (root / layout.LAST_LINK).exists() or layout.list_step_dirs(root):
-        last = layout.resolve_last(root)
-        if last is None or not (last / layout.PRETRAINED_MODEL_DIR).is_dir():
-            raise CheckpointError(f"{root}: no complete checkpoint to publish ('last' is missing or broken)")
-        return last / layout.PRETRAINED_MODEL_DIR
+    if kind in (layout.PathKind.CHECKPOINTS_ROOT, layout.PathKind.STEP_DIR):
+        return layout.resolve_step(p).pretrained_model
     return p
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check
+from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import BatchFactorization, Topology
 from ckpt_tools.format.rules.data_order import DataOrderChange
@@ -37,7 +38,7 @@ from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import resume_checks
 from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
 from ckpt_tools.resume.reads import ChunkLookup
-from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source, resolve_step_dir
+from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source
 from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
@@ -173,7 +174,7 @@ def plan_reshard(checkpoint: str | os.PathLike[str], request: TargetRequest | No
     """
     request = request or TargetRequest()
     request.check()
-    paths = resolve_step_dir(checkpoint)
+    paths = resolve_step(checkpoint)
     source = load_source(paths)
     target = resolve_target(source.config, source.record, request)
     return build_plan(source, target)

@@ -16,13 +16,12 @@ optimizer tensor - from metadata and headers only. The plan and the verifier bot
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
-from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, read_training_step
@@ -84,27 +83,6 @@ class ResumeSource:
     def param_of(self, optimizer_name: str) -> SavedTensor | None:
         """The parameter an optimizer entry belongs to (PEFT safetensors names drop the adapter name)."""
         return self.params.get(optimizer_name) or self.params.get(saved_adapter_key(optimizer_name))
-
-
-# ====================================================================== locating
-
-
-def resolve_step_dir(path: str | os.PathLike[str]) -> L.StepPaths:
-    """The step directory a user means: a checkpoints root (its ``last``), a step dir, or inside one."""
-    located = L.locate(path)
-    if located.kind is L.PathKind.CHECKPOINTS_ROOT:
-        assert located.checkpoints_root is not None
-        last = L.resolve_last(located.checkpoints_root)
-        if last is None:
-            raise CheckpointError(f"{path}: no complete checkpoint ('last' is missing or dangling)")
-        return L.StepPaths(last)
-    if located.kind is L.PathKind.STEP_DIR:
-        return L.StepPaths(located.path)
-    if located.step is None and located.path.is_file():
-        return resolve_step_dir(located.path.parent)  # a file inside pretrained_model/ or training_state/
-    if located.step is None:
-        raise CheckpointError(f"{path}: not inside a checkpoint step directory (no training_state/ next to it)")
-    return located.step
 
 
 # ====================================================================== loading

@@ -18,9 +18,10 @@ from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check
 from ckpt_tools.errors import CkptError
+from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.resume.checks import resume_checks
-from ckpt_tools.resume.source import load_source, resolve_step_dir
+from ckpt_tools.resume.source import load_source
 from ckpt_tools.resume.target import TargetRequest, resolve_target
 
 
@@ -75,7 +76,7 @@ def verify_resume(
     if request.nproc is None:
         request = replace(request, nproc=_implied_nproc(request.dp_replicate, request.dp_shard, target_config))
     request.check()
-    paths = resolve_step_dir(checkpoint)
+    paths = resolve_step(checkpoint)
     report = VerifyReport(checkpoint=str(paths.root), step=paths.step, source=None, target=None, strict=strict)
     try:
         source = load_source(paths)

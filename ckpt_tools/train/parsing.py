@@ -21,7 +21,9 @@ from typing import Any
 
 import draccus
 
-from ckpt_tools.errors import ConfigError
+from ckpt_tools.errors import CheckpointError, ConfigError
+from ckpt_tools.format import layout
+from ckpt_tools.format.train_config import read_saved_config
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
@@ -161,14 +163,15 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
             raise ConfigError(
                 "--resume=true needs --config_path=.../checkpoints/last/pretrained_model/train_config.json"
             )
-        from ckpt_tools.train.checkpoint.manager import find_train_config
-
-        train_config, step_dir = find_train_config(config_path)
-        base = _read_config(train_config)
+        try:
+            step = layout.resolve_step(config_path)  # `last` → the step it points at, as the tools read it
+        except CheckpointError as e:
+            raise CheckpointError(f"--config_path={e}") from None
+        base = read_saved_config(step.train_config).raw  # read as verify-resume reads it
         args = [a for a in args if not a.startswith("--policy.type")]
         cfg = _draccus_parse(args, base)
         cfg.resume = True
-        return cfg, step_dir
+        return cfg, step.root.resolve()
     base = _read_config(Path(config_path)) if config_path else None
     policy_path = _pop(args, "policy.path")
     if policy_path is not None:

@@ -96,3 +96,16 @@ def torch_reference(dcp_dir: Path, scratch: Path) -> dict[str, Any]:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def save_model_dcp(directory: Path, arrays: dict[str, Any]) -> None:
+    """Real DCP shards of ``arrays`` (numpy) under accelerate's ``model`` key, written by torch in-process."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {name: torch.from_numpy(value) for name, value in arrays.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "torch.distributed is disabled ... a single process"
+        dcp.save(state, checkpoint_id=directory, no_dist=True)

@@ -458,20 +458,3 @@ def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     encoded = draccus.encode(cfg)
     assert isinstance(encoded, dict)
     return encoded
-
-
-def find_train_config(config_path: str) -> tuple[Path, Path]:
-    """(train_config.json, step dir) from a config file, ``pretrained_model/`` or step dir."""
-    located = layout.locate(config_path)
-    if located.kind is layout.PathKind.CHECKPOINTS_ROOT:
-        assert located.checkpoints_root is not None
-        last = layout.resolve_last(located.checkpoints_root)
-        if last is None:
-            raise CheckpointError(f"{config_path}: no complete checkpoint ('last' is missing)")
-        located = layout.locate(last)
-    if located.step is None:
-        raise CheckpointError(f"--config_path={config_path}: not inside a checkpoint step directory")
-    train_config = located.step.train_config
-    if not train_config.exists():
-        raise CheckpointError(f"{train_config}: missing (--config_path must point into a checkpoint)")
-    return train_config, located.step.root.resolve()  # `last` → the step it points at

@@ -17,6 +17,7 @@ _LAZY_API = {
     "verify_resume": "ckpt_tools.resume.verify",
     "TargetRequest": "ckpt_tools.resume.target",  # what plan_reshard / verify_resume take
     "push_to_hub": "ckpt_tools.hub",
+    "publish_checkpoint": "ckpt_tools.hub",
 }
 
 __all__ = ["__version__", *_LAZY_API]

@@ -110,28 +110,39 @@ def run_convert(
     json_out: bool = False,
     quiet: bool = False,
 ) -> None:
-    """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``."""
-    from ckpt_tools.convert import convert_dcp, delete_converted_dcp
+    """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``.
 
-    push = _pusher(push_to_hub) if push_to_hub and not dry_run else None
+    With ``push_to_hub`` (and not a dry run) the work is :func:`ckpt_tools.hub.publish_checkpoint`'s:
+    convert and verify, push, then - with ``delete_dcp`` - delete the shards.
+    """
+    options: dict[str, Any] = {
+        "output": output,
+        "dtype": dtype,
+        "max_shard_size": max_shard_size,
+        "what": what,
+        "overwrite": overwrite,
+        "progress": not quiet and not json_out,
+    }
+    pushed = None
     with _sigterm_as_interrupt():
-        result = convert_dcp(
-            source,
-            output=output,
-            dtype=dtype,
-            max_shard_size=max_shard_size,
-            what=what,
-            dry_run=dry_run,
-            delete_dcp=delete_dcp and push is None,
-            overwrite=overwrite,
-            verify=push is not None,
-            progress=not quiet and not json_out,
-        )
-        pushed = None
-        if push is not None:
-            pushed = push(result.plan.output_dir, push_to_hub, private=private)
-            if delete_dcp:
-                result = delete_converted_dcp(result)
+        if push_to_hub and not dry_run:
+            from ckpt_tools.hub import publish_checkpoint
+
+            published = publish_checkpoint(
+                source,
+                push_to_hub,
+                private=private,
+                convert=True,
+                delete_dcp=delete_dcp,
+                repo_id_flag="--push-to-hub",
+                **options,
+            )
+            assert published.conversion is not None
+            result, pushed = published.conversion, published.push
+        else:
+            from ckpt_tools.convert import convert_dcp
+
+            result = convert_dcp(source, dry_run=dry_run, delete_dcp=delete_dcp, **options)
     if json_out:
         payload = result.to_dict()
         if pushed is not None:
@@ -139,16 +150,6 @@ def run_convert(
         emit_json(payload)
         return
     _print_result(result, pushed)
-
-
-def _pusher(repo_id: str) -> Any:
-    """``ckpt_tools.hub.push_converted``, after checking the repo id before any work is done."""
-    try:
-        from ckpt_tools.hub import check_repo_id, push_converted
-    except ImportError:
-        raise UsageError("--push-to-hub: Hub publishing is not available in this installation yet") from None
-    check_repo_id(repo_id, flag="--push-to-hub")
-    return push_converted
 
 
 @contextlib.contextmanager

@@ -2,27 +2,31 @@
 
 ``push_to_hub`` uploads a folder's top-level ``*.safetensors`` / ``*.json`` / ``*.md`` files
 (never DCP shards or training state) plus a generated model card, as one commit.
-``push_converted`` is what ``convert-dcp --push-to-hub`` calls after a verified conversion.
+``publish_checkpoint`` converts DCP shards first when needed, pushes, then deletes the shards
+(``convert-dcp --push-to-hub`` and the trainer's ``--policy.repo_id`` both publish through it).
 Nothing here imports ``huggingface_hub`` at module level, so CLI start-up stays fast.
 
     files.py   what is published from a folder, checked before any network traffic
     card.py    the model card generated from train_config.json / training_step.json
     push.py    the huggingface_hub calls, client timeouts, error translation
+    publish.py convert -> verify -> push -> delete, for the CLI and the trainer alike
 """
 
 from ckpt_tools.hub.card import build_model_card
 from ckpt_tools.hub.files import PublishFile, PublishPlan, plan_publish, resolve_publish_folder
-from ckpt_tools.hub.push import PushResult, UploadedFile, check_repo_id, push_converted, push_to_hub
+from ckpt_tools.hub.publish import PublishResult, publish_checkpoint
+from ckpt_tools.hub.push import PushResult, UploadedFile, check_repo_id, push_to_hub
 
 __all__ = [
     "PublishFile",
     "PublishPlan",
+    "PublishResult",
     "PushResult",
     "UploadedFile",
     "build_model_card",
     "check_repo_id",
     "plan_publish",
-    "push_converted",
+    "publish_checkpoint",
     "push_to_hub",
     "resolve_publish_folder",
 ]

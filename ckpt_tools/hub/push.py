@@ -108,31 +108,6 @@ def push_to_hub(
         return _push(plan, repo_id, card, private, revision, message, token, endpoint, secrets)
 
 
-def push_converted(
-    folder: str | os.PathLike[str],
-    repo_id: str,
-    *,
-    private: bool = False,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    token: str | None = None,
-) -> PushResult:
-    """Entry point of ``convert-dcp --push-to-hub``: publish the folder holding the converted weights.
-
-    Called only after a conversion was written and verified; ``folder`` holds
-    ``model.safetensors`` (or ``adapter_model.safetensors``, or sharded files + index) and the
-    config JSON files. DCP shard dirs still in it (no ``--delete-dcp``) are never uploaded.
-    """
-    return push_to_hub(
-        folder,
-        repo_id,
-        private=private,
-        revision=revision,
-        commit_message=commit_message or "Upload converted checkpoint with ckpt-tools convert-dcp",
-        token=token,
-    )
-
-
 def check_repo_id(repo_id: str, flag: str = "--repo-id") -> None:
     """A model repo id is ``namespace/name``; checked locally so a typo never reaches the network.
 

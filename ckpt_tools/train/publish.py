@@ -1,8 +1,9 @@
 """End-of-training publishing: after the collective finish, the main rank uploads.
 
 The upload runs once every rank has finished training and the process group is torn
-down, so a slow or failing Hub can never leave other ranks blocked in a collective. A
-``dcp``-only final checkpoint is converted first (torch-free, streamed, verified) so the
+down, so a slow or failing Hub can never leave other ranks blocked in a collective. The
+work is :func:`ckpt_tools.hub.publish_checkpoint`'s, as for ``convert-dcp --push-to-hub``:
+a ``dcp``-only final checkpoint is converted first (torch-free, streamed, verified) so the
 repo gets loadable safetensors, never DCP shards.
 """
 
@@ -15,26 +16,21 @@ from ckpt_tools.format import layout
 from ckpt_tools.train.config import TrainConfig
 
 
-def final_pretrained_model(cfg: TrainConfig) -> Path:
-    last = layout.resolve_last(Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR)
-    if last is None:
-        raise CheckpointError("--policy.repo_id: no checkpoint to publish (was --save_checkpoint=false?)")
-    return last / layout.PRETRAINED_MODEL_DIR
-
-
 def publish_final(cfg: TrainConfig) -> str:
     """Main rank only, after teardown. Returns the repo URL; raises CkptError with a retry hint."""
+    from ckpt_tools.hub import publish_checkpoint
+
     assert cfg.policy is not None and cfg.policy.repo_id
-    folder = final_pretrained_model(cfg)
-    has_weights = (folder / layout.MODEL_WEIGHTS).exists() or (folder / layout.ADAPTER_WEIGHTS).exists()
-    if not has_weights and (folder / layout.MODEL_DCP_DIR).is_dir():
-        from ckpt_tools.convert import convert_dcp
-
-        convert_dcp(folder, progress=False, verify=True)
-    from ckpt_tools.hub import push_to_hub
-
     try:
-        result = push_to_hub(folder, cfg.policy.repo_id, private=cfg.policy.private)
+        folder = layout.resolve_step(Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR).pretrained_model
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"--policy.repo_id: no checkpoint to publish ({e}; was --save_checkpoint=false?)"
+        ) from None
+    try:
+        result = publish_checkpoint(
+            folder, cfg.policy.repo_id, private=cfg.policy.private, repo_id_flag="--policy.repo_id", progress=False
+        )
     except HubError as e:
         raise HubError(f"{e} - retry with: ckpt-tools push {folder} --repo-id {cfg.policy.repo_id}") from None
-    return result.repo_url
+    return result.push.repo_url

@@ -1,4 +1,4 @@
-"""``ckpt-tools push`` and ``push_converted`` against the loopback Hub, with the real huggingface_hub client.
+"""``ckpt-tools push`` and ``publish_checkpoint`` against the loopback Hub, with the real huggingface_hub client.
 
 Each push runs in its own process (the client reads HF_ENDPOINT and friends at import), and
 the assertions are on what the server received: the commit's operations, the bytes of every
@@ -8,13 +8,18 @@ file, the requests made - and on what the user's folder still holds afterwards.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from safetensors.numpy import load
+
+from ckpt_tools.format import layout
 from devtools.procs import run_cli
 from tests.support import hub_fixtures
-from tests.support.hub_data import PUBLISHED, make_step_dir, tree_digest
+from tests.support.dcp_fixtures import save_model_dcp
+from tests.support.hub_data import PUBLISHED, StepDir, make_step_dir, tree_digest, weights
 from tests.support.hub_fixtures import HUB_ORG, HubEndpoint, assert_token_absent, hf_download
 from tests.support.hub_server import iter_commit_ops
 
@@ -157,33 +162,48 @@ def test_token_from_the_token_file_and_a_refused_token(hub: HubEndpoint, tmp_pat
     assert not server.has_repo("alice/other")
 
 
-def test_push_converted_api_to_an_org_and_a_forbidden_namespace(hub: HubEndpoint, tmp_path: Path) -> None:
+def _dcp_only_step_dir(base: Path) -> StepDir:
+    """A step dir whose weights exist only as real DCP shards (a ``--checkpoint_format=dcp`` save)."""
+    step = make_step_dir(base)
+    pm = step.pretrained_model
+    shutil.rmtree(pm / layout.MODEL_DCP_DIR)
+    save_model_dcp(pm / layout.MODEL_DCP_DIR, weights(0))
+    (pm / layout.MODEL_WEIGHTS).unlink()
+    return step
+
+
+def test_publish_checkpoint_converts_pushes_then_deletes_and_keeps_shards_on_failure(
+    hub: HubEndpoint, tmp_path: Path
+) -> None:
     server, env = hub.server, hub.env
-    step = make_step_dir(tmp_path)
     code = (
-        "import json, sys\nfrom ckpt_tools.errors import HubError\nfrom ckpt_tools.hub import push_converted\n"
-        "try:\n    r = push_converted(sys.argv[1], sys.argv[2], private=True)\n"
+        "import json, sys\nfrom ckpt_tools.errors import HubError\nfrom ckpt_tools.hub import publish_checkpoint\n"
+        "try:\n    r = publish_checkpoint(sys.argv[1], sys.argv[2], private=True, delete_dcp=True, progress=False)\n"
         "except HubError as e:\n    print('HubError', e.exit_code.value, e)\nelse:\n"
         "    print(json.dumps(r.to_dict()))\n"
     )
 
-    def call(repo_id: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(step.pretrained_model), repo_id],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+    def call(path: Path, repo_id: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", code, str(path), repo_id], env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().splitlines()[-1]
 
+    step = _dcp_only_step_dir(tmp_path / "a")
     org_repo = f"{HUB_ORG}/act"
-    result = json.loads(call(org_repo))
-    assert result["repo_id"] == org_repo and result["private"] is True
+    result = json.loads(call(step.checkpoints, org_repo))  # the root: its `last`
+    assert result["hub"]["repo_id"] == org_repo and result["hub"]["private"] is True
+    assert result["conversion"]["verified"] is True and result["conversion"]["deleted_dcp"] is True
     assert server.repo(org_repo).private
     commit = server.repo(org_repo).resolve("main")
-    assert commit is not None and commit.message == "Upload converted checkpoint with ckpt-tools convert-dcp"
+    assert commit is not None and commit.message == "Upload converted checkpoint with ckpt-tools"
+    sent = load(server.files(org_repo)["model.safetensors"])
+    assert sent.keys() == weights(0).keys() and all((sent[k] == v).all() for k, v in weights(0).items())
+    assert not (step.pretrained_model / layout.MODEL_DCP_DIR).exists()  # deleted after the push
 
-    forbidden = call("bob/act")
+    kept = _dcp_only_step_dir(tmp_path / "b")
+    shards = tree_digest(kept.pretrained_model / layout.MODEL_DCP_DIR)
+    forbidden = call(kept.root, "bob/act")
     assert forbidden.startswith("HubError 5 Hub push to bob/act failed (create the repo): HTTP 403")
     assert not server.has_repo("bob/act")
+    assert tree_digest(kept.pretrained_model / layout.MODEL_DCP_DIR) == shards  # a failed push deletes nothing
+    assert (kept.pretrained_model / layout.MODEL_WEIGHTS).is_file()  # the verified conversion stays

@@ -1,0 +1,91 @@
+"""Publish a checkpoint: convert its DCP shards if needed, push, and only then delete the shards.
+
+``convert-dcp --push-to-hub`` and the trainer's end-of-training ``--policy.repo_id`` publish
+the same way, through :func:`publish_checkpoint`:
+
+1. the repo id is checked before any work, so a typo never costs a conversion;
+2. the weights are converted to safetensors - always when asked (``convert=True``), otherwise
+   only when the step holds them as DCP shards alone - and every written byte is read back
+   and compared with the shards before the output is committed;
+3. the folder is pushed (:func:`~ckpt_tools.hub.push.push_to_hub`: never DCP shards, never
+   ``training_state/``);
+4. with ``delete_dcp``, the converted shards are removed - after the upload succeeded, so a
+   failed push leaves the checkpoint exactly as it was plus the verified safetensors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckpt_tools.errors import UsageError
+from ckpt_tools.format import layout
+from ckpt_tools.hub.files import resolve_publish_folder
+from ckpt_tools.hub.push import PushResult, check_repo_id, push_to_hub
+
+if TYPE_CHECKING:
+    from ckpt_tools.convert import ConvertResult
+
+CONVERTED_MESSAGE = "Upload converted checkpoint with ckpt-tools"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    conversion: ConvertResult | None  # None: the weights were already safetensors
+    push: PushResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conversion": self.conversion.to_dict() if self.conversion else None, "hub": self.push.to_dict()}
+
+
+def publish_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    repo_id: str,
+    *,
+    private: bool = False,
+    convert: bool | None = None,
+    delete_dcp: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+    repo_id_flag: str = "--repo-id",
+    progress: bool = True,
+    **convert_options: Any,
+) -> PublishResult:
+    """Publish ``checkpoint`` (any path :func:`~ckpt_tools.format.layout.resolve_step` accepts,
+    or a folder of converted files) as the Hub model repo ``repo_id``.
+
+    ``convert``: True converts the DCP shards first (``convert_options`` - ``output``,
+    ``dtype``, ``max_shard_size``, ``what``, ``overwrite`` - go to
+    :func:`~ckpt_tools.convert.convert_dcp`, and the conversion's output folder is pushed);
+    False never converts; None (the default) converts only a ``pretrained_model/`` whose weights
+    exist as DCP shards alone. ``delete_dcp`` removes the converted shards after the push
+    succeeded. ``repo_id_flag`` names the option in the message for a malformed repo id.
+    Raises :class:`~ckpt_tools.errors.CkptError` only; nothing is deleted unless the push succeeded.
+    """
+    check_repo_id(repo_id, flag=repo_id_flag)
+    if convert_options and convert is not True:
+        raise UsageError(f"conversion options ({', '.join(sorted(convert_options))}) need convert=True")
+    from ckpt_tools.convert import convert_dcp, delete_converted_dcp
+
+    conversion = None
+    folder = None if convert else resolve_publish_folder(checkpoint)
+    if convert or (convert is None and folder is not None and _dcp_only(folder)):
+        source = checkpoint if convert else folder
+        assert source is not None
+        conversion = convert_dcp(source, verify=True, progress=progress, **convert_options)
+        folder = conversion.plan.output_dir
+    assert folder is not None
+    message = commit_message or (CONVERTED_MESSAGE if conversion is not None else None)
+    pushed = push_to_hub(folder, repo_id, private=private, revision=revision, commit_message=message, token=token)
+    if delete_dcp and conversion is not None:
+        conversion = delete_converted_dcp(conversion)
+    return PublishResult(conversion, pushed)
+
+
+def _dcp_only(folder: Path) -> bool:
+    """A ``pretrained_model/`` holding its weights only as DCP shards (a ``dcp``-format save)."""
+    gathered = (layout.MODEL_WEIGHTS, layout.MODEL_WEIGHTS_INDEX, layout.ADAPTER_WEIGHTS)
+    return not any((folder / name).exists() for name in gathered) and (folder / layout.MODEL_DCP_DIR).is_dir()

@@ -294,5 +294,20 @@ def resolve_step(path: str | os.PathLike[str]) -> StepPaths:
     return StepPaths(step.root.resolve()) if step.root.is_symlink() else step
 
 
+def pretrained_model_dir(path: str | os.PathLike[str]) -> Path:
+    """The saved policy a path names: what ``--policy.path`` loads and ``push`` publishes.
+
+    A path naming a whole step - a step dir, ``last``, a checkpoints root, a run dir - means
+    that step's ``pretrained_model/`` (:func:`resolve_step`); any other path (a
+    ``pretrained_model/``, a ``convert-dcp --output`` dir, something missing) is itself.
+    """
+    p = Path(path).expanduser()
+    try:
+        kind = locate(p).kind
+    except CheckpointError:
+        return p
+    return resolve_step(p).pretrained_model if kind in (PathKind.CHECKPOINTS_ROOT, PathKind.STEP_DIR) else p
+
+
 def _enclosing_step(candidate: Path) -> StepPaths | None:
     return StepPaths(candidate) if _looks_like_step_dir(candidate) else None

@@ -90,23 +90,17 @@ def resolve_publish_folder(path: str | os.PathLike[str]) -> Path:
 
     A path that names a whole step - a step dir, ``last``, a checkpoints root, the run dir
     holding ``checkpoints/`` - publishes that step's ``pretrained_model/``
-    (:func:`~ckpt_tools.format.layout.resolve_step`, as every tool resolves it). Any other
-    directory - a ``pretrained_model/``, a ``convert-dcp --output`` dir - is published as it is.
+    (:func:`~ckpt_tools.format.layout.pretrained_model_dir`, the folder ``--policy.path`` loads).
+    Any other directory - a ``pretrained_model/``, a ``convert-dcp --output`` dir - is published as it is.
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if not p.is_dir():
         raise UsageError(f"{p}: PATH must be a directory (a pretrained_model/ dir, a step dir or a convert output dir)")
-    try:
-        kind = layout.locate(p).kind
-    except CheckpointError:
-        return p  # not laid out as a checkpoint: a folder of converted files
-    if kind is layout.PathKind.TRAINING_STATE:
+    if p.name == layout.TRAINING_STATE_DIR or (p / layout.TRAINING_STEP).is_file():
         raise UsageError(f"{p}: training_state/ is never published; pass the step dir or its pretrained_model/")
-    if kind in (layout.PathKind.CHECKPOINTS_ROOT, layout.PathKind.STEP_DIR):
-        return layout.resolve_step(p).pretrained_model
-    return p
+    return layout.pretrained_model_dir(p)
 
 
 def plan_publish(folder: str | os.PathLike[str]) -> PublishPlan:

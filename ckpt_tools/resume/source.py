@@ -229,10 +229,11 @@ def _base_model(source: ResumeSource) -> None:
     if not path:
         source.notes.append("PEFT run without --policy.path: no base model to count (the resume refuses it)")
         return
-    directory = Path(path).expanduser()
-    if (directory / L.PRETRAINED_MODEL_DIR).is_dir():
-        directory = directory / L.PRETRAINED_MODEL_DIR
-    base = directory / L.MODEL_WEIGHTS
+    try:
+        base = L.pretrained_model_dir(path) / L.MODEL_WEIGHTS  # as the resume resolves --policy.path
+    except CkptError as e:
+        source.notes.append(f"PEFT base {path}: {e}; its memory is not counted")
+        return
     try:
         header = read_header(base)
     except CkptError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.errors import ConfigError
+from ckpt_tools.errors import CheckpointError, ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.data.processors import Pipeline
@@ -20,11 +20,12 @@ from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
 
 
 def resolve_policy_dir(path: str) -> Path:
-    """A local directory (a step dir is taken to mean its pretrained_model/) or a Hub model id."""
-    local = Path(path).expanduser()
-    if local.exists():
-        if (local / layout.PRETRAINED_MODEL_DIR).is_dir():
-            local = local / layout.PRETRAINED_MODEL_DIR
+    """A local directory (a step, ``last``, a run dir: that step's pretrained_model/) or a Hub model id."""
+    if Path(path).expanduser().exists():
+        try:
+            local = layout.pretrained_model_dir(path)
+        except CheckpointError as e:  # a checkpoints root without a usable `last`
+            raise ConfigError(f"--policy.path={e}") from None
         if not local.is_dir():
             raise ConfigError(f"--policy.path={path}: not a directory")
         return local

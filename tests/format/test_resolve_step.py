@@ -74,6 +74,16 @@ def test_every_tool_reads_the_step_the_path_means(step: StepDir, form: str) -> N
         assert _same(resolve_publish_folder(path), step.pretrained_model)
 
 
+@pytest.mark.parametrize("form", [f for f in FORMS if f not in ("train_config.json", "training_state/")])
+def test_a_saved_policy_path_names_the_steps_pretrained_model(step: StepDir, form: str) -> None:
+    pytest.importorskip("torch")
+    from ckpt_tools.train.pretrained import resolve_policy_dir
+
+    path = FORMS[form](step)
+    assert _same(layout.pretrained_model_dir(path), step.pretrained_model)
+    assert _same(resolve_policy_dir(str(path)), step.pretrained_model)  # --policy.path (the PEFT base too)
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_the_trainers_resume_reads_the_same_step(step: StepDir, form: str) -> None:
     pytest.importorskip("torch")
@@ -100,6 +110,7 @@ def test_what_is_not_a_step_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not inside a checkpoint step directory"):
         layout.resolve_step(loose)
     assert resolve_publish_folder(loose) == loose  # a push publishes a loose folder as it is
+    assert layout.pretrained_model_dir(loose) == loose  # and --policy.path loads it as it is
 
 
 def test_the_trainer_names_the_flag_when_the_path_is_no_checkpoint(tmp_path: Path) -> None:

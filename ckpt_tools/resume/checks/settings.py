@@ -138,10 +138,11 @@ def _pretrained(source: ResumeSource) -> list[Check]:
 
 
 def _policy_dir(name: str, path: str, what: str, role: str) -> Check:
-    directory = Path(path).expanduser()
-    if directory.exists():
-        if (directory / L.PRETRAINED_MODEL_DIR).is_dir():
-            directory = directory / L.PRETRAINED_MODEL_DIR
+    if Path(path).expanduser().exists():
+        try:
+            directory = L.pretrained_model_dir(path)  # as the resume resolves --policy.path
+        except CkptError as e:
+            return Check.fail(name, f"{what} {path}: {e}")
         if (directory / L.MODEL_WEIGHTS).exists() or (directory / L.ADAPTER_WEIGHTS).exists():
             return Check.ok(name, f"{what} {path}: the weights {role}")
         return Check.fail(name, f"{what} {path}: no {L.MODEL_WEIGHTS} there, the weights {role}")

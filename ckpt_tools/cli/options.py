@@ -8,10 +8,15 @@ so the two commands cannot drift apart. ``--json`` means the same for every comm
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from ckpt_tools.resume.target import TargetRequest
 
 _NPROC_HELP = "Processes of the resumed run (world size)."
 
@@ -37,3 +42,15 @@ CheckpointFormatOpt = Annotated[
     typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]
+
+
+def target_request(parameters: Mapping[str, Any]) -> TargetRequest:
+    """The :class:`TargetRequest` of a command's parsed parameters (its ``locals()``).
+
+    A command's target flags are named as the request's fields (``nproc``, ``dp_shard``, ...),
+    so a command that gains a target flag passes it on without another line.
+    """
+    from ckpt_tools.resume.target import TargetRequest
+
+    names = {f.name for f in dataclasses.fields(TargetRequest)}
+    return TargetRequest(**{name: value for name, value in parameters.items() if name in names})

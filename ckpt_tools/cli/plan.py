@@ -6,19 +6,8 @@ from typing import Any
 
 import typer
 
+from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
-from ckpt_tools.cli.options import (
-    BatchSizeOpt,
-    CheckpointFormatOpt,
-    DpReplicateOpt,
-    DpShardOpt,
-    GradAccumOpt,
-    JsonOpt,
-    MixedPrecisionOpt,
-    NnodesOpt,
-    NprocOpt,
-    ResumeCheckpointArg,
-)
 from ckpt_tools.cli.render import rank_ranges, table
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes
@@ -52,30 +41,20 @@ Exit codes: 0 the resume can work; 1 something stands in its way (listed); 2 bad
 @app.command("reshard-plan", help=PLAN_HELP, no_args_is_help=True)
 @handled
 def reshard_plan_command(
-    checkpoint: ResumeCheckpointArg,
-    nproc: NprocOpt,
-    dp_replicate: DpReplicateOpt = None,
-    dp_shard: DpShardOpt = None,
-    batch_size: BatchSizeOpt = None,
-    grad_accum: GradAccumOpt = None,
-    nnodes: NnodesOpt = None,
-    mixed_precision: MixedPrecisionOpt = None,
-    checkpoint_format: CheckpointFormatOpt = None,
-    json_out: JsonOpt = False,
+    checkpoint: opt.ResumeCheckpointArg,
+    nproc: opt.NprocOpt,
+    dp_replicate: opt.DpReplicateOpt = None,
+    dp_shard: opt.DpShardOpt = None,
+    batch_size: opt.BatchSizeOpt = None,
+    grad_accum: opt.GradAccumOpt = None,
+    nnodes: opt.NnodesOpt = None,
+    mixed_precision: opt.MixedPrecisionOpt = None,
+    checkpoint_format: opt.CheckpointFormatOpt = None,
+    json_out: opt.JsonOpt = False,
 ) -> None:
     from ckpt_tools.resume.plan import plan_reshard
-    from ckpt_tools.resume.target import TargetRequest
 
-    request = TargetRequest(
-        nproc=nproc,
-        dp_replicate=dp_replicate,
-        dp_shard=dp_shard,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        mixed_precision=mixed_precision,
-        checkpoint_format=checkpoint_format,
-        nnodes=nnodes,
-    )
+    request = opt.target_request(locals())
     plan = plan_reshard(checkpoint, request)
     if json_out:
         emit_json(plan.to_dict())

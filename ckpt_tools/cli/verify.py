@@ -7,18 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
-from ckpt_tools.cli.options import (
-    BatchSizeOpt,
-    CheckpointFormatOpt,
-    DpReplicateOpt,
-    DpShardOpt,
-    GradAccumOpt,
-    JsonOpt,
-    MixedPrecisionOpt,
-    OptionalNprocOpt,
-    ResumeCheckpointArg,
-)
 from ckpt_tools.errors import ExitCode
 
 VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
@@ -55,32 +45,23 @@ MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 @app.command("verify-resume", help=VERIFY_HELP, no_args_is_help=True)
 @handled
 def verify_resume_command(
-    checkpoint: ResumeCheckpointArg,
+    checkpoint: opt.ResumeCheckpointArg,
     config: Annotated[
         Path | None, typer.Option("--config", help="train_config.json of the run that will resume.")
     ] = None,
-    nproc: OptionalNprocOpt = None,
-    dp_replicate: DpReplicateOpt = None,
-    dp_shard: DpShardOpt = None,
-    batch_size: BatchSizeOpt = None,
-    grad_accum: GradAccumOpt = None,
-    mixed_precision: MixedPrecisionOpt = None,
-    checkpoint_format: CheckpointFormatOpt = None,
+    nproc: opt.OptionalNprocOpt = None,
+    dp_replicate: opt.DpReplicateOpt = None,
+    dp_shard: opt.DpShardOpt = None,
+    batch_size: opt.BatchSizeOpt = None,
+    grad_accum: opt.GradAccumOpt = None,
+    mixed_precision: opt.MixedPrecisionOpt = None,
+    checkpoint_format: opt.CheckpointFormatOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
-    json_out: JsonOpt = False,
+    json_out: opt.JsonOpt = False,
 ) -> None:
-    from ckpt_tools.resume.target import TargetRequest
     from ckpt_tools.resume.verify import verify_resume
 
-    request = TargetRequest(
-        nproc=nproc,
-        dp_replicate=dp_replicate,
-        dp_shard=dp_shard,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        mixed_precision=mixed_precision,
-        checkpoint_format=checkpoint_format,
-    )
+    request = opt.target_request(locals())
     report = verify_resume(checkpoint, request, config=config, strict=strict)
     if json_out:
         emit_json(report.to_dict())

@@ -96,6 +96,40 @@ def push_to_hub(
     branch (created from main when missing). Raises :class:`HubError` (exit code 5) for any
     network or server failure, with the local files untouched.
     """
+    upload = prepare_push(
+        folder, repo_id, revision=revision, commit_message=commit_message, token=token, model_card=model_card
+    )
+    with _client_timeouts(_timeout_seconds()):
+        return _push(upload, private, revision, token, endpoint)
+
+
+@dataclass(frozen=True)
+class PreparedPush:
+    """Everything a push sends, decided and checked locally: what runs before any network call."""
+
+    plan: PublishPlan
+    repo_id: str
+    card: str | None  # the generated model card; None: the folder's own README.md, or none
+    message: str
+    secrets: tuple[str, ...]  # tokens to mask out of every message
+
+
+def prepare_push(
+    folder: str | os.PathLike[str],
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+    model_card: bool = True,
+) -> PreparedPush:
+    """The reading and validation stage of :func:`push_to_hub`, up to the network.
+
+    Checks the repo id and revision, picks and checks the files (:func:`plan_publish`: JSON
+    through the hardened reader, safetensors headers against their sizes), refuses a file that
+    holds the token, and builds the model card. Everything a hostile folder can break breaks
+    here, as one :class:`~ckpt_tools.errors.CkptError` line.
+    """
     check_repo_id(repo_id)
     if revision is not None and not revision.strip():
         raise UsageError("--revision: must not be empty")
@@ -103,9 +137,7 @@ def push_to_hub(
     secrets = _known_secrets(token)
     plan.refuse_secrets(secrets)
     card = build_model_card(plan, repo_id=repo_id, secrets=secrets) if model_card and not plan.has_readme else None
-    message = commit_message or _default_message(plan)
-    with _client_timeouts(_timeout_seconds()):
-        return _push(plan, repo_id, card, private, revision, message, token, endpoint, secrets)
+    return PreparedPush(plan, repo_id, card, commit_message or _default_message(plan), secrets)
 
 
 def check_repo_id(repo_id: str, flag: str = "--repo-id") -> None:
@@ -121,17 +153,11 @@ def check_repo_id(repo_id: str, flag: str = "--repo-id") -> None:
 
 
 def _push(
-    plan: PublishPlan,
-    repo_id: str,
-    card: str | None,
-    private: bool,
-    revision: str | None,
-    message: str,
-    token: str | None,
-    endpoint: str | None,
-    secrets: tuple[str, ...],
+    upload: PreparedPush, private: bool, revision: str | None, token: str | None, endpoint: str | None
 ) -> PushResult:
     from huggingface_hub import CommitOperationAdd, HfApi
+
+    plan, repo_id, card, message, secrets = upload.plan, upload.repo_id, upload.card, upload.message, upload.secrets
 
     api = HfApi(endpoint=endpoint, token=token)
     with _hub_errors(repo_id, "read the local files", api.endpoint, secrets):

@@ -42,6 +42,7 @@ CONVERT_DELETE = "convert_delete"
 VERIFY = "verify"
 INSPECT = "inspect"
 PLAN = "plan"
+PUSH = "push"  # its reading and validation stage, up to the network (hub.prepare_push)
 ANY_MODEL_CONVERT = frozenset({CONVERT_MODEL, CONVERT_DELETE})
 
 
@@ -178,6 +179,20 @@ def _needed_for_resume(arena: Arena, rel: str) -> bool:
     return rel == "training_state/optimizer_state.safetensors"
 
 
+def _published(rel: str) -> bool:
+    """Does a push of the step read this file? (The top-level *.json / *.safetensors of pretrained_model/.)"""
+    folder, _, name = rel.rpartition("/")
+    return folder == "pretrained_model" and not name.startswith(".") and name.endswith((".json", ".safetensors"))
+
+
+def _parses(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def pick_dcp(arena: Arena, rng: random.Random) -> str:
     dirs = dcp_dirs(arena.step)
     return rng.choice(dirs) if dirs else ""
@@ -203,6 +218,8 @@ def truncate(arena: Arena, rng: random.Random) -> Mutation:
         must = ANY_MODEL_CONVERT
     if _needed_for_resume(arena, rel):
         must = must | {VERIFY}
+    if _published(rel) and at < size and (rel.endswith(".safetensors") or not _parses(path)):
+        must = must | {PUSH}  # a safetensors file that lacks bytes, a JSON file no loader parses
     return Mutation("truncate", f"{rel} {size} -> {at} bytes", [rel], must)
 
 
@@ -685,17 +702,21 @@ def json_wrong_types(arena: Arena, rng: random.Random) -> Mutation:
     elif variant == "bad_utf8":
         path.write_bytes(b"\xff\xfe{\x00" + bytes(rng.randrange(256) for _ in range(16)))
         touched = [rel, MODEL_DCP] if rel.endswith("adapter_config.json") else [rel]
-        return Mutation("json_wrong_types", f"{rel} invalid UTF-8", touched, _json_must_fail(rel))
+        return Mutation("json_wrong_types", f"{rel} invalid UTF-8", touched, _json_must_fail(rel, unparsable=True))
     else:
         text, detail = '{"step": NaN, "samples_seen": Infinity, "batch_size": -Infinity}', "NaN / Infinity"
     path.write_text(text)
     touched = [rel, MODEL_DCP] if rel.endswith("adapter_config.json") else [rel]  # it makes the output PEFT-named
-    must = _json_must_fail(rel) if variant != "field" else frozenset()
+    must = (
+        _json_must_fail(rel, unparsable=variant in ("nested_bomb", "huge_int")) if variant != "field" else frozenset()
+    )
     return Mutation("json_wrong_types", f"{rel} {variant}: {detail}", touched, must)
 
 
-def _json_must_fail(rel: str) -> frozenset[str]:
-    return frozenset({VERIFY}) if rel.endswith(("training_step.json", "train_config.json")) else frozenset()
+def _json_must_fail(rel: str, *, unparsable: bool = False) -> frozenset[str]:
+    """A resume needs a usable training_step.json / train_config.json; a push refuses a JSON file no loader parses."""
+    must = frozenset({VERIFY}) if rel.endswith(("training_step.json", "train_config.json")) else frozenset()
+    return must | {PUSH} if unparsable and _published(rel) else must
 
 
 def _paths(doc: Any, prefix: list[Any] | None = None) -> list[list[Any]]:

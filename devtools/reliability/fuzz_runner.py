@@ -2,7 +2,8 @@
 
 A *case* is: a fresh copy of a real checkpoint inside an *arena* directory, one mutation from
 :mod:`devtools.reliability.fuzz_mutations`, then every reader - ``inspect``, ``verify-resume``,
-``reshard-plan``, ``convert-dcp`` (model, optimizer, and ``--delete-dcp``) - run on it through
+``reshard-plan``, ``push`` (its reading and validation stage, up to the network),
+``convert-dcp`` (model, optimizer, and ``--delete-dcp``) - run on it through
 the Python API in a forked child whose address space is capped (``RLIMIT_AS``) and whose
 wall time is bounded. The parent then checks the rules of docs/reliability.md:
 
@@ -48,6 +49,7 @@ from devtools.reliability.fuzz_mutations import (
     INSPECT,
     MODEL_DCP,
     PLAN,
+    PUSH,
     VERIFY,
     Arena,
     Family,
@@ -55,9 +57,13 @@ from devtools.reliability.fuzz_mutations import (
 )
 
 MEMORY_CAP = 2 * 2**30  # bytes of address space a reader may add on top of the process's own
-READERS = (INSPECT, VERIFY, PLAN, CONVERT_MODEL, CONVERT_OPTIMIZER, CONVERT_DELETE)
+READERS = (INSPECT, VERIFY, PLAN, PUSH, CONVERT_MODEL, CONVERT_OPTIMIZER, CONVERT_DELETE)
 TARGET_FORMS = ("root", "step", "step", "pretrained_model", "model_dcp", "training_state")
-DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4}
+DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4, 5}
+PUBLISHING_FORMS = ("root", "step", "pretrained_model")  # target forms whose push reads pretrained_model/
+# The CLI's push must never reach a network: offline mode stops it right after its reading and
+# validation stage (exit 5), and the endpoint is a closed loopback port should that ever change.
+NO_NETWORK_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
 # ====================================================================== seeds and arenas
@@ -237,6 +243,7 @@ def _call(fn: Any) -> dict[str, Any]:
 def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, Any]]:
     """Every reader on ``target`` (in the fenced child); the deleting conversion last."""
     from ckpt_tools.convert import convert_dcp
+    from ckpt_tools.hub.push import prepare_push
     from ckpt_tools.inspect import inspect_path
     from ckpt_tools.resume.plan import plan_reshard
     from ckpt_tools.resume.target import TargetRequest
@@ -255,6 +262,10 @@ def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, A
         json.dumps(r.to_dict(), default=str)
         return {"workable": r.workable}
 
+    def push() -> dict[str, Any]:
+        r = prepare_push(target, "alice/fuzz")
+        return {"files": [f.name for f in r.plan.files], "card": r.card is not None}
+
     def convert(what: str, out: Path, delete: bool = False) -> Any:
         def run() -> dict[str, Any]:
             r = convert_dcp(target, what=what, output=out, progress=False, delete_dcp=delete)
@@ -267,6 +278,7 @@ def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, A
         INSPECT: _call(inspect),
         VERIFY: _call(verify),
         PLAN: _call(plan),
+        PUSH: _call(push),
         CONVERT_MODEL: _call(convert("model", arena.out / CONVERT_MODEL)),
         CONVERT_OPTIMIZER: _call(convert("optimizer", arena.out / CONVERT_OPTIMIZER)),
         CONVERT_DELETE: _call(convert("model", arena.out / CONVERT_DELETE, delete=True)),
@@ -375,6 +387,8 @@ def judge(
             continue
         if name == INSPECT and not _inspects(result.target, mutation):
             continue  # inspect looked at another part of the checkpoint
+        if name == PUSH and result.target not in PUBLISHING_FORMS:
+            continue  # a push of that form never reads pretrained_model/ (and is refused anyway)
         res = r["result"]
         if (name == VERIFY and res.get("resumable")) or (name == INSPECT and res.get("healthy")):
             v.append(f"{name} accepted a checkpoint it must refuse ({mutation.detail})")
@@ -438,6 +452,7 @@ CLI_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("convert-dcp", "{target}", "--output", "{out}/cli-model", "--quiet"),
     ("convert-dcp", "{target}", "--what", "optimizer", "--output", "{out}/cli-opt", "--json"),
     ("convert-dcp", "{target}", "--output", "{out}/cli-delete", "--delete-dcp", "--quiet"),
+    ("push", "{target}", "--repo-id", "alice/fuzz"),
 )
 
 
@@ -466,7 +481,7 @@ def run_cli_case(
         target = target_path(arena, form)
         result = CaseResult(seed.name, mutation.family, mutation.detail, f"cli:{form}")
         before = snapshot(arena.root)
-        env = no_torch_env(dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+        env = no_torch_env(dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **NO_NETWORK_ENV))
         for args in CLI_COMMANDS:
             argv = [a.format(target=target, out=arena.out) for a in args]
             name = " ".join(args[:1] + tuple(a for a in args[2:] if a.startswith("--") and a != "--output"))

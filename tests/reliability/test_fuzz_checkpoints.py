@@ -89,6 +89,22 @@ def test_cli_gives_one_error_line_and_a_documented_code(seeds: list[Seed], tmp_p
     _assert_clean(run_cli_case(seed, family, rng_seed, tmp_path))
 
 
+def _config_json_nesting_bomb(arena: M.Arena, rng: object) -> M.Mutation:
+    (arena.step / "pretrained_model/config.json").write_text(P.json_nesting_bomb(100_000))
+    return M.Mutation("json_wrong_types", "config.json := 100k-deep nesting", ["pretrained_model/config.json"])
+
+
+@pytest.mark.parametrize("rng_seed, form", [(0, "pretrained_model"), (1, "step"), (2, "root")])
+def test_cli_push_refuses_a_nesting_bomb_before_the_network(
+    seeds: list[Seed], tmp_path: Path, rng_seed: int, form: str
+) -> None:
+    seed = next(s for s in seeds if s.name == "ddp")  # gathered model.safetensors: publishable but for the bomb
+    result = run_cli_case(seed, _config_json_nesting_bomb, rng_seed, tmp_path)
+    _assert_clean(result)
+    assert result.target == f"cli:{form}"
+    assert result.readers["push --repo-id"]["code"] == 3  # not 5: it never got as far as the (offline) Hub
+
+
 def _truncated_shard(arena: M.Arena, rng: object) -> M.Mutation:
     import os
 

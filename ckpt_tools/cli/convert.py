@@ -22,7 +22,7 @@ from ckpt_tools.units import human_bytes
 CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
 
 CHECKPOINT_DIR is a step dir, its pretrained_model/, a DCP dir itself, or a checkpoints root
-(its `last` step). Tensors stream one by one: memory stays about one tensor whatever the model
+or the run dir holding it (its `last` step). Tensors stream one by one: memory stays about one tensor whatever the model
 size. PEFT checkpoints give adapter_model.safetensors with peft's key names. The output goes
 next to the shards (pretrained_model/) unless --output says otherwise, through a temporary
 file renamed into place: a failure leaves no partial output and the shards untouched.

@@ -15,7 +15,7 @@ from ckpt_tools.units import human_bytes
 PUSH_HELP = f"""Publish a converted checkpoint to the Hugging Face Hub as a model repo.
 
 PATH is a converted pretrained_model/ dir, a step dir (its pretrained_model/ is published),
-a checkpoints root (its `last` checkpoint) or a `convert-dcp --output` dir. Only the top-level
+a checkpoints root or the run dir holding it (its `last` checkpoint) or a `convert-dcp --output` dir. Only the top-level
 *.safetensors, *.json and *.md files are uploaded - never DCP shards (pytorch_model_fsdp_0/),
 never training_state/, never hidden files - in one commit, with a README.md model card generated
 from train_config.json unless the folder has its own. A checkpoint holding only DCP shards is

@@ -14,7 +14,7 @@ from ckpt_tools.units import human_bytes
 
 PLAN_HELP = """Predict what resuming CKPT on another topology will do - reads metadata only, no torch.
 
-CKPT is a checkpoints root (its `last`), a step dir, or its pretrained_model/. The target is
+CKPT is a run dir or its checkpoints root (their `last`), a step dir, or its pretrained_model/. The target is
 what `ckpt-train --resume=true --config_path=CKPT ...` would run with on --nproc processes: the
 checkpoint's train_config.json, overridden by the flags given here (each one stands for the
 training flag in brackets). Without --dp-replicate/--dp-shard the saved config's values apply,

@@ -13,7 +13,7 @@ from ckpt_tools.errors import ExitCode
 
 VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
 
-CKPT is a checkpoints root (its `last`), a step dir, or its pretrained_model/. The target is
+CKPT is a run dir or its checkpoints root (their `last`), a step dir, or its pretrained_model/. The target is
 what `ckpt-train --resume=true --config_path=CKPT ...` would run with: the checkpoint's
 train_config.json - or --config, the train_config.json of the run you will launch - with the
 flags given here on top (each stands for the training flag in brackets), on --nproc processes

@@ -293,7 +293,7 @@ def test_train_config_fields_known_to_the_tools_are_the_trainers() -> None:
 def test_verify_refuses_scheduler_state_that_is_not_an_object(ddp: Path, value: str) -> None:
     (ddp / "training_state/scheduler_state.json").write_text(value)
     report = verify_resume(ddp)
-    assert not report.resumable and "not the state object" in failed(report)
+    assert not report.resumable and "scheduler_state.json: expected a JSON object, not " in failed(report)
 
 
 def test_fifo_check_leaves_regular_files_alone(fsdp: Path) -> None:

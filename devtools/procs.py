@@ -7,10 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NO_TORCH_DIR = Path(__file__).resolve().parent / "no_torch"
+# Set (by tests/conftest.py) while a test that is not marked ``torchrun`` runs: starting a
+# training job or a torchrun launch then fails, so the fast lane cannot quietly grow slow.
+IN_PROCESS_ONLY_ENV = "CKPT_TESTS_IN_PROCESS_ONLY"
 
 
 def no_torch_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -40,11 +45,36 @@ def run_cli(
 
 
 def script(name: str) -> str:
-    """Absolute path of an installed console script (e.g. ckpt-train)."""
-    found = shutil.which(name)
+    """Absolute path of an installed console script (e.g. ckpt-train): this interpreter's first, then PATH."""
+    own = Path(sysconfig.get_path("scripts")) / name
+    found = str(own) if own.exists() else shutil.which(name)
     if found is None:
         raise RuntimeError(f"{name} is not installed: pip install -e '.[training,dev]'")
     return found
+
+
+def refuse_if_in_process_only(program: str) -> None:
+    """Fail a launch of ``program`` from a test that the fast lane (``-m "not torchrun"``) would run."""
+    if os.environ.get(IN_PROCESS_ONLY_ENV):
+        raise RuntimeError(
+            f"{os.environ[IN_PROCESS_ONLY_ENV]} starts {Path(program).name} but is not marked torchrun: "
+            "add @pytest.mark.torchrun (tests using a torchrun-built fixture are marked by tests/conftest.py)"
+        )
+
+
+def torchrun_command(program: str, args: Sequence[str], nproc: int) -> list[str]:
+    """``torchrun --standalone --nproc-per-node=NPROC PROGRAM ARGS`` (through this interpreter)."""
+    refuse_if_in_process_only(program)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", program, *args]
+
+
+def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launched job: this checkout first on the path, one BLAS thread per process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
 
 
 def descendants(pid: int) -> list[int]:

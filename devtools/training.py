@@ -1,24 +1,25 @@
-"""Launch the real training entry point: plain, under torchrun, or under accelerate launch."""
+"""Launch the real training entry point (plain or under torchrun) and read what it wrote.
+
+Imports without torch, so that the torch-free fuzz runner builds its launches here too; the
+readers below that need torch import it when called.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import sysconfig
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file
+from devtools.procs import REPO, kill_tree, launch_env, refuse_if_in_process_only, script, torchrun_command
 
-from devtools.procs import REPO, kill_tree
+if TYPE_CHECKING:
+    import torch
 
 FIXTURE_DATASET = REPO / "fixtures" / "tiny_robot"
-SCRIPTS = Path(sysconfig.get_path("scripts"))
+LEGACY_CHECKPOINT = REPO / "fixtures" / "legacy_0_6_x"  # a step dir in the 0.6.x layout (bin/make-legacy-checkpoint)
 
 # Small and fast: every multi-process launch costs seconds of start-up on 2 cores.
 TINY = [
@@ -34,17 +35,9 @@ TINY = [
 ]
 
 
-def script(name: str) -> str:
-    path = SCRIPTS / name
-    if not path.exists():
-        raise RuntimeError(f"{path} missing: pip install -e '.[training,dev]'")
-    return str(path)
-
-
 def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every test launch of ckpt-train gets (one BLAS thread, no env override)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    """The environment every launch of ckpt-train gets (this checkout, one BLAS thread, no env override)."""
+    env = launch_env()
     env.pop("LEROBOT_ALLOW_ACCELERATE_ENV", None)
     env.update(extra or {})
     return env
@@ -59,19 +52,18 @@ def train(
     )
 
 
-def train_command(args: Sequence[str], nproc: int) -> list[str]:
-    """``ckpt-train ARGS``, under ``torchrun --standalone`` when ``nproc`` > 1."""
-    if nproc == 1:
-        return [script("ckpt-train"), *args]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        script("ckpt-train"),
-        *args,
-    ]
+def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train") -> list[str]:
+    """``ckpt-train ARGS`` (or its alias ``entry``), under ``torchrun --standalone`` when ``nproc`` > 1."""
+    program = script(entry)
+    if nproc > 1:
+        return torchrun_command(program, args, nproc)
+    refuse_if_in_process_only(program)
+    return [program, *args]
+
+
+def start_train(args: Sequence[str], nproc: int = 1, **popen: Any) -> subprocess.Popen[Any]:
+    """Start ckpt-train without waiting (for tests that signal or kill it mid-run)."""
+    return subprocess.Popen(train_command(args, nproc), env=train_env(popen.pop("env", None)), **popen)
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -103,11 +95,14 @@ def step_dir(output_dir: Path, step: int) -> Path:
 
 
 def gathered_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     return load_file(str(step_dir(output_dir, step) / "pretrained_model" / "model.safetensors"))
 
 
 def dcp_to_dict(dcp_dir: Path, tmp: Path) -> dict[str, Any]:
     """torch's own reading of a DCP dir (the reference the tools are compared with)."""
+    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     out = tmp / f"{dcp_dir.parent.parent.name}-{dcp_dir.name}.pt"
@@ -116,6 +111,8 @@ def dcp_to_dict(dcp_dir: Path, tmp: Path) -> dict[str, Any]:
 
 
 def assert_tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    import torch
+
     assert sorted(a) == sorted(b)
     for key in a:
         assert a[key].dtype == b[key].dtype, key
@@ -143,16 +140,7 @@ MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.d
 
 def kill_during_save(out: Path, args: list[str], timeout: float = 240) -> Path:
     """Start a 2-rank FSDP job, SIGKILL all of it while a save after the first one is in flight."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        script("ckpt-train"),
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_train(args, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = out / "checkpoints"
     deadline = time.monotonic() + timeout
     try:

@@ -1,18 +1,57 @@
-"""Shared fixtures: the real training runs that several test modules inspect or resume."""
+"""Shared fixtures and the ``torchrun`` marker that splits the suite into two lanes.
+
+The fixtures that start real training or torchrun jobs are session-scoped and built once:
+``runs`` (DDP / FSDP / HSDP runs of the training core) and ``ckpts`` (the DCP variants of
+``tests/support/dcp_writer.py``). Every test that uses one of them, directly or through
+another fixture, is marked ``torchrun`` here, so ``pytest -m "not torchrun"`` (the fast lane)
+never waits for one. A test that starts ckpt-train or torchrun itself must carry
+``@pytest.mark.torchrun``; without it the launch fails (``devtools.procs.IN_PROCESS_ONLY_ENV``),
+so the fast lane stays in-process.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devtools.procs import IN_PROCESS_ONLY_ENV
 from devtools.training import TINY, ok, train
+from tests.support.dcp_fixtures import write_checkpoints
+from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
+from tests.support.hub_server import HubServer
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
+
+# Fixtures (defined here) that launch torchrun: any test whose fixture closure holds one is marked.
+TORCHRUN_FIXTURES = frozenset({"runs", "ckpts"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if TORCHRUN_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.torchrun)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of ``item`` is set up: forbid launches unless it is marked ``torchrun``."""
+    if item.get_closest_marker("torchrun") is None:
+        os.environ[IN_PROCESS_ONLY_ENV] = item.nodeid
+    else:
+        os.environ.pop(IN_PROCESS_ONLY_ENV, None)
+
+
+def pytest_sessionfinish() -> None:
+    os.environ.pop(IN_PROCESS_ONLY_ENV, None)
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """8-step runs saving every 4 steps: DDP(2) safetensors, FSDP(2) safetensors_dcp, HSDP(2×2) dcp."""
     root = tmp_path_factory.mktemp("layouts")
     out = {name: root / name for name in ("ddp", "fsdp", "hsdp")}
     ok(train(*RUN, f"--output_dir={out['ddp']}", nproc=2))
@@ -38,3 +77,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     (root / "hsdp.stdout").write_text(hsdp.stdout)
     return out
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DCP checkpoints torch wrote under a 4-rank torchrun (paths in tests/support/dcp_fixtures.py)."""
+    return write_checkpoints(tmp_path_factory.mktemp("dcp"))
+
+
+@pytest.fixture
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubEndpoint]:
+    """A fresh loopback Hub (user ``alice``, member of org ``robot-lab``) and an environment pointing at it."""
+    token = new_token()
+    hf_home = tmp_path_factory.mktemp("hf_home")
+    server = HubServer({token: HUB_USER}, orgs={HUB_USER: {HUB_ORG}})
+    with server:
+        yield HubEndpoint(server.url, server, hub_process_env(server.url, token, hf_home))

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from ckpt_tools.format import layout
 from devtools.procs import descendants, kill_tree
-from devtools.training import MEDIUM, TINY, train_command, train_env
+from devtools.training import MEDIUM, TINY, start_train
 
 EXIT_DEADLINE_S = 120.0  # torchrun gives survivors 30 s after SIGTERM before it SIGKILLs them
 STALL_SLACK_S = 90.0  # a stopped rank: the job ends within the collective timeout plus this
@@ -115,9 +115,8 @@ class Job:
 def launch(args: list[str], nproc: int, logs: Path, name: str, preexec: Any = None) -> Job:
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
-    cmd = train_command(args, nproc)  # every config is multi-process: always torchrun
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=train_env(), preexec_fn=preexec)
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:  # every config is multi-process: torchrun
+        proc = start_train(args, nproc, stdout=out, stderr=err, preexec_fn=preexec)
     return Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.procs import REPO, no_torch_env, script
+from devtools.procs import REPO, no_torch_env
 from devtools.reliability.fuzz_mutations import (
     CONVERT_DELETE,
     CONVERT_MODEL,
@@ -55,6 +55,7 @@ from devtools.reliability.fuzz_mutations import (
     Family,
     Mutation,
 )
+from devtools.training import train_command, train_env
 
 MEMORY_CAP = 2 * 2**30  # bytes of address space a reader may add on top of the process's own
 READERS = (INSPECT, VERIFY, PLAN, PUSH, CONVERT_MODEL, CONVERT_OPTIMIZER, CONVERT_DELETE)
@@ -536,8 +537,7 @@ def run_train_case(
         result = CaseResult(seed.name, mutation.family, mutation.detail, "ckpt-train --resume")
         before = snapshot(arena.root)
         out = arena.out / "train"
-        cmd = [
-            script("ckpt-train"),
+        args = [
             "--resume=true",
             f"--config_path={arena.step}",
             f"--output_dir={out}",
@@ -547,9 +547,10 @@ def run_train_case(
             "--steps=4",
             "--progress_bar=false",
         ]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=arena.root)
+            proc = subprocess.run(
+                train_command(args), env=train_env(), capture_output=True, text=True, timeout=timeout, cwd=arena.root
+            )
         except subprocess.TimeoutExpired:
             result.child = "timeout"
             result.violations.append("ckpt-train --resume hung")

@@ -29,13 +29,7 @@ from tests.support.dcp_fixtures import (
     copy_tree,
     rewrite_metadata,
     tree_digest,
-    written_checkpoints,
 )
-
-
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return written_checkpoints(tmp_path_factory)
 
 
 class RunSystem:

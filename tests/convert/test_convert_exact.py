@@ -32,15 +32,9 @@ from tests.support.dcp_fixtures import (
     copy_tree,
     torch_reference,
     tree_digest,
-    written_checkpoints,
 )
 
 TORCH_DTYPES = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return written_checkpoints(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

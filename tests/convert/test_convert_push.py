@@ -9,22 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from devtools.procs import script
-from tests.support.dcp_fixtures import FSDP2_STEP, copy_tree, tree_digest, written_checkpoints
-from tests.support.hub_fixtures import (
-    HubEndpoint,
-    hub,  # noqa: F401  (fixture)
-)
+from tests.support.dcp_fixtures import FSDP2_STEP, copy_tree, tree_digest
+from tests.support.hub_fixtures import HubEndpoint
 
 
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return written_checkpoints(tmp_path_factory)
-
-
-def test_seed_alias_pushes_then_deletes_the_shards(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:  # noqa: F811
+def test_seed_alias_pushes_then_deletes_the_shards(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:
     step = copy_tree(ckpts / FSDP2_STEP, tmp_path / "000010")
     proc = subprocess.run(
         [
@@ -48,7 +38,7 @@ def test_seed_alias_pushes_then_deletes_the_shards(ckpts: Path, tmp_path: Path, 
     assert hub.token not in proc.stdout + proc.stderr
 
 
-def test_failed_push_keeps_shards_and_converted_files(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:  # noqa: F811
+def test_failed_push_keeps_shards_and_converted_files(ckpts: Path, tmp_path: Path, hub: HubEndpoint) -> None:
     step = copy_tree(ckpts / FSDP2_STEP, tmp_path / "000010")
     shards = tree_digest(step / "pretrained_model" / "pytorch_model_fsdp_0")
     hub.server.faults.fail("create_repo", 500, times=10)

@@ -28,14 +28,9 @@ from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata, parse_met
 from ckpt_tools.dcp.reader import read_chunk_layout
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, UnsafeCheckpoint
 from ckpt_tools.st import dtypes
-from tests.support.dcp_fixtures import FSDP2_DCP, FSDP2_OPT, written_checkpoints
+from tests.support.dcp_fixtures import FSDP2_DCP, FSDP2_OPT
 
 ST_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return written_checkpoints(tmp_path_factory)
 
 
 # ---------------------------------------------------------------------- .metadata

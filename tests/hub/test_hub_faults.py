@@ -7,11 +7,8 @@ from pathlib import Path
 import pytest
 
 from devtools.procs import run_cli
-from tests.support import hub_fixtures
 from tests.support.hub_data import PUBLISHED, make_step_dir, tree_digest
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent
-
-hub = hub_fixtures.hub  # the loopback-Hub fixture, used by name below
 
 REPO = "alice/act-pick-place"
 TIMEOUT_S = "2"  # CKPT_TOOLS_HUB_TIMEOUT for these pushes: a held request fails fast

@@ -14,11 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import hub_fixtures
 from tests.support.hub_fixtures import HubEndpoint
 from tests.support.hub_server import HubServer
-
-hub = hub_fixtures.hub  # the loopback-Hub fixture, used by name below
 
 TOKEN = "hf_server_selftest"
 

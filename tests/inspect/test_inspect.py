@@ -6,11 +6,10 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from ckpt_tools.format.record import read_training_step
 from ckpt_tools.inspect import expected_files, inspect_path
-from devtools.procs import REPO, run_cli
+from devtools.procs import run_cli
+from devtools.training import LEGACY_CHECKPOINT
 from tests.support.dcp_fixtures import (
     FSDP2_DCP,
     FSDP2_STEP,
@@ -18,15 +17,7 @@ from tests.support.dcp_fixtures import (
     PEFT_STEP,
     copy_tree,
     torch_reference,
-    written_checkpoints,
 )
-
-LEGACY = REPO / "fixtures" / "legacy_0_6_x"
-
-
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return written_checkpoints(tmp_path_factory)
 
 
 def inspect_json(*args: str, code: int = 0, no_torch: bool = False) -> dict:
@@ -132,7 +123,7 @@ def test_rank_count_must_match_the_topology(ckpts: Path, tmp_path: Path) -> None
 
 
 def test_legacy_layout_is_named_plainly(tmp_path: Path) -> None:
-    report = inspect_json(str(LEGACY))
+    report = inspect_json(str(LEGACY_CHECKPOINT))
     assert report["legacy"] is True
     assert "0.6.x" in report["topology"] and "num_processes=2" in report["topology"]
     notes = [c["message"] for c in report["checks"] if c["name"] == "resumable layout"]
@@ -141,7 +132,7 @@ def test_legacy_layout_is_named_plainly(tmp_path: Path) -> None:
 
 
 def test_single_safetensors_file_header_checks(tmp_path: Path) -> None:
-    good = LEGACY / "pretrained_model" / "model.safetensors"
+    good = LEGACY_CHECKPOINT / "pretrained_model" / "model.safetensors"
     report = inspect_json(str(good))
     assert report["kind"] == "safetensors_file" and report["weights"][0]["tensors"] > 0
     bad = tmp_path / "model.safetensors"

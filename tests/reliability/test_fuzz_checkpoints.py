@@ -17,21 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from devtools.procs import REPO
 from devtools.reliability import fuzz_mutations as M
 from devtools.reliability import fuzz_payloads as P
 from devtools.reliability.fuzz_campaign import campaign, examples_from_env
 from devtools.reliability.fuzz_runner import CaseResult, Seed, make_seed, run_cli_case, run_train_case
-from devtools.training import step_dir
-
-LEGACY = REPO / "fixtures" / "legacy_0_6_x"
+from devtools.training import LEGACY_CHECKPOINT, step_dir
 
 
 @pytest.fixture(scope="module")
 def seeds(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> list[Seed]:
     scratch = tmp_path_factory.mktemp("fuzz-seeds")
     out = [make_seed(name, step_dir(runs[name], 4), scratch) for name in ("fsdp", "hsdp", "ddp")]
-    return [*out, make_seed("legacy", LEGACY, scratch)]
+    return [*out, make_seed("legacy", LEGACY_CHECKPOINT, scratch)]
 
 
 def _assert_clean(result: CaseResult) -> None:

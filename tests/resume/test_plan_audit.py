@@ -19,6 +19,8 @@ from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import ok, step_dir, train
 
+pytestmark = pytest.mark.torchrun  # every test here starts ckpt-train
+
 
 def resume_args(checkpoint: Path, output_dir: Path, *extra: str) -> list[str]:
     return ["--resume=true", f"--config_path={checkpoint}", f"--output_dir={output_dir}", *extra]
@@ -44,7 +46,6 @@ def assert_plan_is_true(plan: ReshardPlan, output_dir: Path) -> None:
         assert predicted == audit["resident"], f"rank {rank.rank}: resident bytes"
 
 
-@pytest.mark.torchrun
 def test_fsdp_checkpoint_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
     flags = {"nproc": 4, "dp_replicate": 2, "dp_shard": 2, "checkpoint_format": "dcp"}
@@ -59,7 +60,6 @@ def test_fsdp_checkpoint_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> Non
     assert_plan_is_true(plan, out)
 
 
-@pytest.mark.torchrun
 def test_hsdp_checkpoint_onto_fsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["hsdp"], 4)
     flags = {"nproc": 2, "dp_replicate": 1, "dp_shard": 2, "checkpoint_format": "safetensors_dcp"}

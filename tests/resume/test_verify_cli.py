@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from devtools.procs import REPO, run_cli
-from devtools.training import step_dir
+from devtools.procs import run_cli
+from devtools.training import LEGACY_CHECKPOINT, step_dir
 
 
 def test_resumable_checkpoint_human_output(runs: dict[str, Path]) -> None:
@@ -57,7 +57,7 @@ def test_config_flag_and_legacy(runs: dict[str, Path], tmp_path: Path) -> None:
     proc = run_cli("verify-resume", str(runs["fsdp"]), "--config", str(next_run), "--json", no_torch=True)
     assert proc.returncode == 0, proc.stdout
     assert json.loads(proc.stdout)["target"].startswith("HSDP over 2×2")
-    legacy = run_cli("verify-resume", str(REPO / "fixtures/legacy_0_6_x"), no_torch=True)
+    legacy = run_cli("verify-resume", str(LEGACY_CHECKPOINT), no_torch=True)
     assert legacy.returncode == 1 and "FAIL  layout" in legacy.stdout and "a 0.6.x-era checkpoint" in legacy.stdout
 
 

@@ -20,6 +20,8 @@ from ckpt_tools.resume.verify import verify_resume
 from devtools.training import TINY, ok, step_dir, train
 from tests.resume.test_plan_audit import assert_plan_is_true, resume_args
 
+pytestmark = pytest.mark.torchrun  # every test here starts ckpt-train
+
 
 @pytest.fixture(scope="module")
 def peft_checkpoint(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -32,7 +34,6 @@ def peft_checkpoint(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     return step_dir(run, 2)
 
 
-@pytest.mark.torchrun
 def test_peft_plan_counts_the_sharded_frozen_base(peft_checkpoint: Path, tmp_path: Path) -> None:
     flags = {"nproc": 2, "dp_shard": 2}
     assert verify_resume(peft_checkpoint, TargetRequest(**flags)).resumable

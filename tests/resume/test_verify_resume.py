@@ -19,10 +19,8 @@ import pytest
 
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import VerifyReport, verify_resume
-from devtools.procs import REPO
-from devtools.training import TINY, ok, step_dir, train
+from devtools.training import LEGACY_CHECKPOINT, TINY, ok, step_dir, train
 
-LEGACY = REPO / "fixtures" / "legacy_0_6_x"
 MODEL_DCP = "pretrained_model/pytorch_model_fsdp_0"
 OPTIM_DCP = "training_state/optimizer_0"
 ONE_PROCESS = ["--parallelism.dp_shard=1", "--checkpoint_format=safetensors"]
@@ -153,7 +151,7 @@ def test_metadata_that_does_not_cover_the_model(fsdp: Path, tmp_path: Path) -> N
 
 
 def test_legacy_layout() -> None:
-    report = verify_resume(LEGACY)
+    report = verify_resume(LEGACY_CHECKPOINT)
     assert list(failed(report)) == ["layout"]
     assert "0.6.x" in failed(report)["layout"] and "--policy.path=" in failed(report)["layout"]
 

@@ -1,7 +1,8 @@
-"""Real DCP checkpoints written by torch under torchrun, once per test session, plus helpers.
+"""Real DCP checkpoints written by torch under torchrun, and helpers to damage and compare them.
 
-``written_checkpoints`` launches ``tests/support/dcp_writer.py`` on 4 ranks a single time
-and caches the directory; every test that mutates a checkpoint works on a copy.
+:func:`write_checkpoints` launches ``tests/support/dcp_writer.py`` on 4 ranks; the session
+fixture ``ckpts`` of ``tests/conftest.py`` calls it once, and every test that mutates a
+checkpoint works on a copy.
 """
 
 from __future__ import annotations
@@ -11,29 +12,20 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from devtools.procs import REPO
+from devtools.procs import launch_env, torchrun_command
 
 WRITER = Path(__file__).with_name("dcp_writer.py")
-_CACHE: dict[str, Path] = {}
 
 
-def written_checkpoints(factory: pytest.TempPathFactory) -> Path:
-    """The directory ``dcp_writer.py`` filled (see its docstring for the variants)."""
-    if "root" in _CACHE:
-        return _CACHE["root"]
-    out = factory.mktemp("dcp")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env["PYTHONWARNINGS"] = "ignore"
+def write_checkpoints(out: Path) -> Path:
+    """Fill ``out`` with the variants ``dcp_writer.py`` writes (see its docstring)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", str(WRITER), str(out)],
-        env=env,
+        torchrun_command(str(WRITER), [str(out)], nproc=4),
+        env=launch_env({"PYTHONWARNINGS": "ignore"}),
         capture_output=True,
         text=True,
         timeout=300,
@@ -42,7 +34,6 @@ def written_checkpoints(factory: pytest.TempPathFactory) -> Path:
     # teardown aborts a process afterwards (see ckpt_tools.train.parallel.distributed.teardown).
     if not (out / "DONE").exists():
         raise RuntimeError(f"dcp_writer failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    _CACHE["root"] = out
     return out
 
 

@@ -1,10 +1,8 @@
-"""Pytest fixtures that put a loopback Hub (:mod:`tests.support.hub_server`) in front of real processes.
+"""What the ``hub`` fixture (tests/conftest.py) hands a test: a loopback Hub in front of real processes.
 
-``huggingface_hub`` reads its settings from the environment *at import time* (its ``constants`` module),
-so the client is pointed at the server through the environment of a separate process - the
-``ckpt-tools`` CLI, a ``python -c`` snippet, or a ``torchrun`` training job:
-
-    from tests.support.hub_fixtures import hub  # noqa: F401  (import the fixture into the module)
+``huggingface_hub`` reads its settings from the environment *at import time* (its ``constants``
+module), so the client is pointed at the server (:mod:`tests.support.hub_server`) through the environment of a separate
+process - the ``ckpt-tools`` CLI, a ``python -c`` snippet, or a ``torchrun`` training job:
 
     def test_something(hub, tmp_path):
         url, server, env = hub
@@ -22,11 +20,8 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
-
-import pytest
 
 from tests.support.hub_server import HubServer
 
@@ -95,16 +90,6 @@ def hub_process_env(url: str, token: str | None, hf_home: Path, base: dict[str, 
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _CLEARED_ENV}
     env.update(hub_env_vars(url, token, hf_home))
     return env
-
-
-@pytest.fixture
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubEndpoint]:
-    """A fresh loopback Hub (user ``alice``, member of org ``robot-lab``) and an environment pointing at it."""
-    token = new_token()
-    hf_home = tmp_path_factory.mktemp("hf_home")
-    server = HubServer({token: HUB_USER}, orgs={HUB_USER: {HUB_ORG}})
-    with server:
-        yield HubEndpoint(server.url, server, hub_process_env(server.url, token, hf_home))
 
 
 def hf_download(env: dict[str, str], repo_id: str, filename: str, *, revision: str | None = None) -> Path:

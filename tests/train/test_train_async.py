@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from devtools.training import (
     gathered_weights,
     kill_during_save,
     ok,
-    script,
+    start_train,
     step_dir,
     train,
 )
@@ -95,16 +94,7 @@ def test_sigterm_completes_the_in_flight_save_and_stops_cleanly(tmp_path: Path) 
         "--checkpoint_async=true",
         f"--output_dir={out}",
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        script("ckpt-train"),
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_train(args, nproc=2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = out / "checkpoints"
     deadline = time.monotonic() + 240
     while not list(root.glob(".*.partial")) or not (root / "last").exists():  # a save in flight after a commit

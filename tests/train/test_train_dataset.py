@@ -5,17 +5,19 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from devtools.training import FIXTURE_DATASET, TINY, script, step_dir
-from tests.support import hub_fixtures
+import pytest
+
+from devtools.training import FIXTURE_DATASET, TINY, step_dir, train_command
 from tests.support.hub_fixtures import HubEndpoint
 
-hub = hub_fixtures.hub
+pytestmark = pytest.mark.torchrun  # starts lerobot-train
 
 FLAGS = [a for a in TINY if not a.startswith("--dataset.")] + ["--steps=1", "--save_freq=1"]
 
 
 def lerobot_train(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([script("lerobot-train"), *args], env=env, capture_output=True, text=True, timeout=300)
+    cmd = train_command(args, entry="lerobot-train")
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_repo_id_resolves_through_the_cache_and_then_offline(hub: HubEndpoint, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from devtools.procs import REPO
+from devtools.procs import REPO, launch_env, torchrun_command
 from devtools.training import TINY, dcp_to_dict, losses, ok, step_dir, train
 
 pytestmark = pytest.mark.torchrun
@@ -215,16 +214,8 @@ def test_fp16_hsdp_scaler_state_is_saved_and_restored(tmp_path: Path) -> None:
 
 
 def probe(config: dict[str, object]) -> dict[str, object]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        str(REPO / "tests/support/fsdp_probe.py"),
-        json.dumps(config),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    cmd = torchrun_command(str(REPO / "tests/support/fsdp_probe.py"), [json.dumps(config)], nproc=2)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
 

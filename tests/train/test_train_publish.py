@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 
 from devtools.training import TINY, metrics, ok, step_dir, train
-from tests.support import hub_fixtures
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent, hf_download
-
-hub = hub_fixtures.hub
 
 pytestmark = pytest.mark.torchrun
 

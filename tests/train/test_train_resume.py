@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from devtools.procs import REPO
 from devtools.training import (
+    LEGACY_CHECKPOINT,
     TINY,
     assert_tensors_equal,
     dcp_to_dict,
@@ -22,6 +22,8 @@ from devtools.training import (
 )
 
 NOT_EXACT = "warning: data order is not sample-exact"
+
+pytestmark = pytest.mark.torchrun  # every test here starts ckpt-train
 
 
 def copy_checkpoint(src_run: Path, step: int, dst_run: Path) -> Path:
@@ -54,7 +56,6 @@ def dcp_model(step: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return dcp_to_dict(step / "pretrained_model/pytorch_model_fsdp_0", tmp)["model"]
 
 
-@pytest.mark.torchrun
 def test_fsdp_resume_on_same_topology_is_bit_exact(runs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "resumed"
     ckpt = copy_checkpoint(runs["fsdp"], 4, out)
@@ -92,7 +93,6 @@ def test_fsdp_checkpoint_reshards_onto_one_process(runs: dict[str, Path], tmp_pa
     assert (restored / "training_state/training_step.json").read_text().count('"world_size": 1') == 1
 
 
-@pytest.mark.torchrun
 def test_fsdp_checkpoint_reshards_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
     out = tmp_path / "hsdp"
@@ -105,7 +105,6 @@ def test_fsdp_checkpoint_reshards_onto_hsdp(runs: dict[str, Path], tmp_path: Pat
     assert_tensors_equal(dcp_optimizer(step_dir(out, 4), tmp_path), dcp_optimizer(src, tmp_path))
 
 
-@pytest.mark.torchrun
 def test_hsdp_checkpoint_reshards_onto_fsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["hsdp"], 4)
     out = tmp_path / "fsdp"
@@ -147,11 +146,8 @@ def test_resume_on_another_world_size_skips_and_repeats_no_sample(runs: dict[str
     assert set(seen) == set(uninterrupted)
 
 
-LEGACY = REPO / "fixtures" / "legacy_0_6_x"
-
-
 def test_legacy_checkpoint_is_refused_plainly_but_loads_as_pretrained(tmp_path: Path) -> None:
-    proc = train(*resume_args(LEGACY, tmp_path / "x"))
+    proc = train(*resume_args(LEGACY_CHECKPOINT, tmp_path / "x"))
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")
@@ -160,11 +156,11 @@ def test_legacy_checkpoint_is_refused_plainly_but_loads_as_pretrained(tmp_path: 
     ok(
         train(
             *[a for a in TINY if not a.startswith("--policy.")],
-            f"--policy.path={LEGACY}/pretrained_model",
+            f"--policy.path={LEGACY_CHECKPOINT}/pretrained_model",
             "--steps=2",
             "--save_freq=2",
             f"--output_dir={out}",
         )
     )
     cfg = (step_dir(out, 2) / "pretrained_model/train_config.json").read_text()
-    assert str(LEGACY / "pretrained_model") in cfg
+    assert str(LEGACY_CHECKPOINT / "pretrained_model") in cfg

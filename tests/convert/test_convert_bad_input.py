@@ -1,7 +1,8 @@
 """Broken and hostile DCP checkpoints: one clear line, a non-zero exit, nothing written, nothing run.
 
 Every case starts from a copy of a checkpoint torch wrote, damages it the way a crash, a
-bad copy or an attacker would, and runs the real CLI. Each must end with exactly one
+bad copy or an attacker would, and runs the CLI (in-process through the same Typer app;
+as a real process for a code-running pickle and a full disk). Each must end with exactly one
 ``error:`` line on stderr (no traceback), the documented exit code, no output file or
 temporary left behind, and the source files exactly as they were.
 """
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from devtools.procs import REPO, run_cli
+from tests.support.cli import invoke_cli
 from tests.support.dcp_fixtures import (
     FSDP2_STEP,
     FSDP3_DCP,
@@ -71,8 +73,9 @@ def point_item_at_appended_bytes(dcp: Path, fqn: str, data: bytes) -> None:
 
 
 def run_convert(*args: str, limit_file_size: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``convert-dcp ARGS`` in-process; a real process when it needs a file-size limit (a "full disk")."""
     if limit_file_size is None:
-        return run_cli("convert-dcp", *args)
+        return invoke_cli("convert-dcp", *args)
 
     def limit() -> None:
         # A "full disk" without root: writes past this size fail with EFBIG instead of killing us.
@@ -213,6 +216,7 @@ def test_metadata_that_calls_os_system_is_refused_and_never_runs(ckpts: Path, tm
     dcp = copy_tree(ckpts / FSDP3_DCP, tmp_path / "ckpt" / "pytorch_model_fsdp_0")
     sentinel = tmp_path / "PWNED"
     (dcp / ".metadata").write_bytes(pickle.dumps(RunSystem(f"touch {sentinel}")))
+    # A real process: the one-line contract end to end.
     proc = run_cli("convert-dcp", str(dcp), "--output", str(tmp_path / "out"))
     assert_one_line_error(proc, 3, "refused to load global posix.system")
     assert not sentinel.exists()

@@ -10,6 +10,7 @@ from ckpt_tools.format.record import read_training_step
 from ckpt_tools.inspect import expected_files, inspect_path
 from devtools.procs import run_cli
 from devtools.training import LEGACY_CHECKPOINT
+from tests.support.cli import invoke_cli
 from tests.support.dcp_fixtures import (
     FSDP2_DCP,
     FSDP2_STEP,
@@ -21,7 +22,8 @@ from tests.support.dcp_fixtures import (
 
 
 def inspect_json(*args: str, code: int = 0, no_torch: bool = False) -> dict:
-    proc = run_cli("inspect", *args, "--json", no_torch=no_torch)
+    """``inspect ARGS --json``: in-process, or as a real process without torch when ``no_torch``."""
+    proc = run_cli("inspect", *args, "--json", no_torch=True) if no_torch else invoke_cli("inspect", *args, "--json")
     assert proc.returncode == code, (proc.stdout[-3000:], proc.stderr)
     assert "Traceback" not in proc.stderr
     return json.loads(proc.stdout)
@@ -78,7 +80,7 @@ def test_tensors_lists_chunks(ckpts: Path) -> None:
     big = next(t for t in report["tensors"] if t["name"] == "model.extras.big")
     assert big["dtype"] == "float32" and big["shape"] == [2600, 1030]
     assert [c["offsets"] for c in big["chunks"]] == [[0, 0], [1300, 0]]
-    human = run_cli("inspect", str(ckpts / FSDP2_DCP), "--tensors")
+    human = invoke_cli("inspect", str(ckpts / FSDP2_DCP), "--tensors")
     assert human.returncode == 0 and "model.extras.big" in human.stdout and "2 chunks" in human.stdout
 
 
@@ -93,7 +95,7 @@ def test_missing_expected_file_fails_the_health_check(ckpts: Path, tmp_path: Pat
     (step / "training_state" / "rng_state.safetensors").unlink()
     report = inspect_json(str(step), code=1)
     assert any("rng_state.safetensors" in f for f in failed(report))
-    proc = run_cli("inspect", str(step))
+    proc = invoke_cli("inspect", str(step))
     assert proc.returncode == 1 and "UNHEALTHY" in proc.stdout and "rng_state.safetensors" in proc.stdout
 
 
@@ -142,7 +144,7 @@ def test_single_safetensors_file_header_checks(tmp_path: Path) -> None:
 
 
 def test_not_a_checkpoint_exits_3(tmp_path: Path) -> None:
-    for path in (tmp_path / "missing", tmp_path):
+    for path in (tmp_path / "missing", tmp_path):  # a real process: the one-line contract end to end
         proc = run_cli("inspect", str(path))
         assert proc.returncode == 3, proc.stdout
         lines = proc.stderr.strip().splitlines()

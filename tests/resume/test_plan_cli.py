@@ -9,6 +9,7 @@ from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from devtools.procs import run_cli
 from devtools.training import step_dir
+from tests.support.cli import invoke_cli
 
 
 def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Path]) -> None:
@@ -26,7 +27,7 @@ def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Pa
     assert "after      effective batch 16 = batch_size 4" in out
     assert "data order not sample-exact" in out and "epoch 0, offset 64" in out
     assert "verdict: the resume can work" in out
-    machine = run_cli(*args, "--json", no_torch=True)
+    machine = invoke_cli(*args, "--json")
     assert machine.returncode == 0, machine.stderr
     doc = json.loads(machine.stdout)
     api = plan_reshard(
@@ -43,7 +44,7 @@ def test_plan_says_what_cannot_work(runs: dict[str, Path], tmp_path: Path) -> No
     assert proc.returncode == 1
     assert "Cannot work" in proc.stdout and "≠ world size 1" in proc.stdout and "--dp-shard 1" in proc.stdout
     assert "verdict: CANNOT WORK (1 blocker)" in proc.stdout
-    doc = json.loads(run_cli("reshard-plan", str(runs["fsdp"]), "--nproc", "1", "--json", no_torch=True).stdout)
+    doc = json.loads(invoke_cli("reshard-plan", str(runs["fsdp"]), "--nproc", "1", "--json").stdout)
     assert not doc["workable"] and doc["ranks"] == [] and doc["blockers"][0]["name"] == "topology"
 
 
@@ -59,8 +60,10 @@ def test_plan_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> No
         (["reshard-plan", str(runs["fsdp"]), "--nproc", "0"], 2, "--nproc=0"),
         (["reshard-plan", str(runs["fsdp"]), "--nproc", "4", "--nnodes", "3"], 2, "--nnodes=3"),
     ]
-    for args, code, text in cases:
-        proc = run_cli(*args, no_torch=True)
+    # Every case in-process through the same app, the first also as a real process without torch.
+    checks = [(invoke_cli(*args), args, code, text) for args, code, text in cases]
+    checks.append((run_cli(*cases[0][0], no_torch=True), *cases[0]))
+    for proc, args, code, text in checks:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == code, (args, proc.stderr)
         assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], (args, proc.stderr)
@@ -68,9 +71,9 @@ def test_plan_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> No
 
 def test_plan_nodes_note_and_help(runs: dict[str, Path]) -> None:
     doc = json.loads(
-        run_cli(
+        invoke_cli(
             "reshard-plan", str(runs["hsdp"]), "--nproc", "4", "--dp-shard", "4", "--dp-replicate", "1",
-            "--nnodes", "2", "--json", no_torch=True,
+            "--nnodes", "2", "--json",
         ).stdout
     )  # fmt: skip
     assert [r["node"] for r in doc["ranks"]] == [0, 0, 1, 1]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from devtools.procs import run_cli
 from devtools.training import LEGACY_CHECKPOINT, step_dir
+from tests.support.cli import invoke_cli
 
 
 def test_resumable_checkpoint_human_output(runs: dict[str, Path]) -> None:
@@ -29,7 +30,7 @@ def test_warnings_pass_unless_strict(runs: dict[str, Path]) -> None:
     relaxed = run_cli(*args, no_torch=True)
     assert relaxed.returncode == 0, relaxed.stderr
     assert "WARN  data-order" in relaxed.stdout and relaxed.stdout.splitlines()[-1] == "resumable (2 warnings)"
-    strict = run_cli(*args, "--strict", "--json", no_torch=True)
+    strict = invoke_cli(*args, "--strict", "--json")
     assert strict.returncode == 1
     doc = json.loads(strict.stdout)
     assert doc["strict"] and not doc["resumable"]
@@ -45,7 +46,7 @@ def test_broken_checkpoint_fails_with_json(runs: dict[str, Path], tmp_path: Path
     doc = json.loads(proc.stdout)
     assert doc["resumable"] is False and doc["step"] == 4
     assert [c["name"] for c in doc["checks"] if c["status"] == "fail"] == ["rng-state"]
-    human = run_cli("verify-resume", str(ckpt), no_torch=True)
+    human = invoke_cli("verify-resume", str(ckpt))
     assert "FAIL  rng-state" in human.stdout and human.stdout.splitlines()[-1] == "NOT RESUMABLE: 1 check failed"
 
 
@@ -57,7 +58,7 @@ def test_config_flag_and_legacy(runs: dict[str, Path], tmp_path: Path) -> None:
     proc = run_cli("verify-resume", str(runs["fsdp"]), "--config", str(next_run), "--json", no_torch=True)
     assert proc.returncode == 0, proc.stdout
     assert json.loads(proc.stdout)["target"].startswith("HSDP over 2×2")
-    legacy = run_cli("verify-resume", str(LEGACY_CHECKPOINT), no_torch=True)
+    legacy = invoke_cli("verify-resume", str(LEGACY_CHECKPOINT))
     assert legacy.returncode == 1 and "FAIL  layout" in legacy.stdout and "a 0.6.x-era checkpoint" in legacy.stdout
 
 
@@ -68,8 +69,10 @@ def test_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
         (["verify-resume", str(runs["fsdp"]), "--dp-shard", "0"], 2, "--dp-shard=0"),
         (["verify-resume", str(runs["fsdp"]), "--mixed-precision", "fp8"], 2, "--mixed-precision=fp8"),
     ]
-    for args, code, text in cases:
-        proc = run_cli(*args, no_torch=True)
+    # Every case in-process through the same app, the first also as a real process without torch.
+    checks = [(invoke_cli(*args), args, code, text) for args, code, text in cases]
+    checks.append((run_cli(*cases[0][0], no_torch=True), *cases[0]))
+    for proc, args, code, text in checks:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == code, (args, proc.stderr)
         assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], (args, proc.stderr)

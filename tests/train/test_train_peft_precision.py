@@ -213,18 +213,21 @@ def test_fp16_hsdp_scaler_state_is_saved_and_restored(tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def probe(config: dict[str, object]) -> dict[str, object]:
-    cmd = torchrun_command(str(REPO / "tests/support/fsdp_probe.py"), [json.dumps(config)], nproc=2)
+def probe(*configs: dict[str, object]) -> list[dict[str, object]]:
+    """What FSDP2 does under each config, from one 2-rank launch of tests/support/fsdp_probe.py."""
+    args = [json.dumps(config) for config in configs]
+    cmd = torchrun_command(str(REPO / "tests/support/fsdp_probe.py"), args, nproc=2)
     proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(configs), proc.stdout
+    return reports
 
 
 def test_fsdp_options_change_what_fsdp_does() -> None:
-    default = probe({})
+    default, kept = probe({}, {"reshard_after_forward": False, "cpu_offload": True})
     assert default["sharded_before_forward"] and default["sharded_after_forward"]
     assert default["local_numel"] * 2 == default["full_numel"]
-    kept = probe({"reshard_after_forward": False, "cpu_offload": True})
     assert kept["sharded_before_forward"] and not kept["sharded_after_forward"]  # params stay gathered
     assert kept["offload_policy"] == "CPUOffloadPolicy" and kept["params_offloaded"]
     assert not default["params_offloaded"]

@@ -1,8 +1,9 @@
 """What the ``hub`` fixture (tests/conftest.py) hands a test: a loopback Hub in front of real processes.
 
 ``huggingface_hub`` reads its settings from the environment *at import time* (its ``constants``
-module), so the client is pointed at the server (:mod:`tests.support.hub_server`) through the environment of a separate
-process - the ``ckpt-tools`` CLI, a ``python -c`` snippet, or a ``torchrun`` training job:
+module), so the client is pointed at the server (:mod:`tests.support.hub_server`) through the
+environment of a separate process - the ``ckpt-tools`` CLI, a ``python -c`` snippet, or a
+``torchrun`` training job:
 
     def test_something(hub, tmp_path):
         url, server, env = hub

@@ -1,12 +1,11 @@
-"""Shared fixtures and the ``torchrun`` marker that splits the suite into two lanes.
+"""Shared fixtures, and the ``torchrun`` marker that splits the suite into two lanes.
 
 The fixtures that start real training or torchrun jobs are session-scoped and built once:
 ``runs`` (DDP / FSDP / HSDP runs of the training core) and ``ckpts`` (the DCP variants of
-``tests/support/dcp_writer.py``). Every test that uses one of them, directly or through
-another fixture, is marked ``torchrun`` here, so ``pytest -m "not torchrun"`` (the fast lane)
-never waits for one. A test that starts ckpt-train or torchrun itself must carry
-``@pytest.mark.torchrun``; without it the launch fails (``devtools.procs.IN_PROCESS_ONLY_ENV``),
-so the fast lane stays in-process.
+``tests/support/dcp_writer.py``). Every test that starts a job - itself, through a helper, or
+through a fixture such as these - is marked ``torchrun`` here (found from the code, see
+:mod:`tests.support.lanes`), so ``pytest -m "not torchrun"`` (the fast lane) never waits for
+one; and a launch from an unmarked test fails (``devtools.procs.IN_PROCESS_ONLY_ENV``).
 """
 
 from __future__ import annotations
@@ -22,17 +21,15 @@ from devtools.training import TINY, ok, train
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 from tests.support.hub_server import HubServer
+from tests.support.lanes import starts_jobs
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
-
-# Fixtures (defined here) that launch torchrun: any test whose fixture closure holds one is marked.
-TORCHRUN_FIXTURES = frozenset({"runs", "ckpts"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if TORCHRUN_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if item.get_closest_marker("torchrun") is None and starts_jobs(item):
             item.add_marker(pytest.mark.torchrun)
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from devtools.procs import IN_PROCESS_ONLY_ENV
 from devtools.training import TINY, ok, train
+from tests.fakes.hub.server import HubServer
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
-from tests.support.hub_server import HubServer
 from tests.support.lanes import starts_jobs
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]

@@ -1,6 +1,6 @@
 """``convert-dcp --push-to-hub``: publish only after a verified conversion; delete shards only after the push.
 
-Uses the loopback Hub of tests/support/hub_server.py with the real huggingface_hub client.
+Uses the loopback Hub of tests/fakes/hub/server.py with the real huggingface_hub client.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from safetensors.numpy import load
 
 from ckpt_tools.format import layout
 from devtools.procs import run_cli
+from tests.fakes.hub.server import iter_commit_ops
 from tests.support.dcp_fixtures import save_model_dcp
 from tests.support.hub_data import PUBLISHED, StepDir, make_step_dir, tree_digest, weights
 from tests.support.hub_fixtures import HUB_ORG, HubEndpoint, assert_token_absent, hf_download
-from tests.support.hub_server import iter_commit_ops
 
 REPO = "alice/act-pick-place"
 NEVER_SENT = ("pytorch_model_fsdp_0", "training_state", "optimizer_0", ".distcp", ".metadata", ".tmp", "notes.txt")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.hub.server import HubServer
 from tests.support.hub_fixtures import HubEndpoint
-from tests.support.hub_server import HubServer
 
 TOKEN = "hf_server_selftest"
 

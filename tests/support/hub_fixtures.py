@@ -1,7 +1,7 @@
 """What the ``hub`` fixture (tests/conftest.py) hands a test: a loopback Hub in front of real processes.
 
 ``huggingface_hub`` reads its settings from the environment *at import time* (its ``constants``
-module), so the client is pointed at the server (:mod:`tests.support.hub_server`) through the
+module), so the client is pointed at the server (:mod:`tests.fakes.hub.server`) through the
 environment of a separate process - the ``ckpt-tools`` CLI, a ``python -c`` snippet, or a
 ``torchrun`` training job:
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.support.hub_server import HubServer
+from tests.fakes.hub.server import HubServer
 
 HUB_USER = "alice"
 HUB_ORG = "robot-lab"

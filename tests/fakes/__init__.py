@@ -1,0 +1,1 @@
+"""Faithful stand-ins for services the tests talk to (the Hugging Face Hub)."""

@@ -10,8 +10,7 @@ import pytest
 
 from devtools.training import TINY, metrics, ok, step_dir, train
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent, hf_download
-
-pytestmark = pytest.mark.torchrun
+from tests.train.test_train_startup import refused_in_process
 
 
 def test_sharded_dcp_run_publishes_converted_weights(hub: HubEndpoint, tmp_path: Path) -> None:
@@ -59,10 +58,9 @@ def test_failed_upload_keeps_the_checkpoint_and_says_how_to_retry(hub: HubEndpoi
     assert_token_absent(hub.token, [out], [proc.stdout, proc.stderr])
 
 
-def test_bad_repo_id_is_refused_before_training(tmp_path: Path) -> None:
-    proc = train(*TINY, "--policy.repo_id=not a repo", f"--output_dir={tmp_path / 'x'}")
-    assert proc.returncode == 2
-    assert "--policy.repo_id" in proc.stderr and not (tmp_path / "x").exists()
+def test_bad_repo_id_is_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused_in_process([*TINY, "--policy.repo_id=not a repo", f"--output_dir={tmp_path / 'x'}"], capsys)
+    assert "--policy.repo_id" in line and not (tmp_path / "x").exists()
 
 
 def test_trackio_records_reduced_metrics_of_a_two_process_run(tmp_path: Path) -> None:

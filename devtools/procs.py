@@ -58,7 +58,7 @@ def refuse_if_in_process_only(program: str) -> None:
     if os.environ.get(IN_PROCESS_ONLY_ENV):
         raise RuntimeError(
             f"{os.environ[IN_PROCESS_ONLY_ENV]} starts {Path(program).name} but is not marked torchrun: "
-            "add @pytest.mark.torchrun (tests using a torchrun-built fixture are marked by tests/conftest.py)"
+            "add @pytest.mark.torchrun (tests/conftest.py marks the tests that name a launcher or use a fixture that does)"
         )
 
 

@@ -58,7 +58,7 @@ def test_resume_stops_with_the_reason_inspect_gives(runs: dict[str, Path], tmp_p
 
     report = inspect_path(step)
     assert not report.healthy
-    assert [c.detail for c in report.checks if c.failed] == [reason]
+    assert [c.message for c in report.checks if c.failed] == [reason]
 
     out = tmp_path / "resumed"
     proc = train(
@@ -88,7 +88,7 @@ def test_the_trainer_checks_the_optimizer_before_the_model_is_loaded(tmp_path: P
     with pytest.raises(CorruptCheckpoint) as raised:
         require_valid_dcp_inputs(step)
     assert str(raised.value) == reason
-    assert [c.detail for c in inspect_path(step.optimizer_dcp).checks if c.failed] == [reason]
+    assert [c.message for c in inspect_path(step.optimizer_dcp).checks if c.failed] == [reason]
 
 
 def test_the_trainer_skips_a_dcp_dir_the_loader_does_not_read(tmp_path: Path) -> None:

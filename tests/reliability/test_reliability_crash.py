@@ -22,15 +22,11 @@ def _clean(trials: list[H.Trial]) -> None:
         assert not t.violations, f"{t.kind} {t.config} async={t.asynchronous} seed={t.seed} #{t.index}: {t.violations}"
 
 
-@pytest.mark.parametrize(
-    ("config", "asynchronous", "seed"),
-    [("fsdp-safetensors_dcp", False, 11), ("fsdp-dcp", True, 12)],
-    ids=["fsdp-safetensors_dcp-sync", "fsdp-dcp-async"],
-)
-def test_sigkill_at_random_moments_of_saves_never_breaks_last(
-    tmp_path: Path, config: str, asynchronous: bool, seed: int
-) -> None:
-    chain = H.Chain(tmp_path / "run", config, asynchronous, seed)
+def test_sigkill_at_random_moments_of_saves_never_breaks_last(tmp_path: Path) -> None:
+    # The CI slice kills an async DCP chain: the synchronous mid-save SIGKILL is proven
+    # deterministically by tests/reliability/test_train_crash.py, and bin/reliability-report
+    # runs random kills over every layout and format.
+    chain = H.Chain(tmp_path / "run", "fsdp-dcp", True, 12)
     trials = list(H.kill_trials(chain, 2))
     H.finish_chain(chain)
     assert len(trials) == 2 and all(t.injected for t in trials), [t.landed for t in trials]

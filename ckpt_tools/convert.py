@@ -36,7 +36,7 @@ from ckpt_tools.dcp.reader import ChunkLayout, read_pickled_object
 from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
-from ckpt_tools.format import peft_keys
+from ckpt_tools.format import manifest, peft_keys
 from ckpt_tools.io.fsutil import fsync_dir
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
@@ -334,8 +334,7 @@ def _plan(
 
     peft = False
     if source.what == "model":
-        has_config = source.pretrained_model is not None and (source.pretrained_model / L.ADAPTER_CONFIG).exists()
-        peft = has_config or peft_keys.looks_like_adapter(list(names))
+        peft = manifest.is_peft(source.pretrained_model, weight_names=names)
         if peft:
             renamed = {peft_keys.saved_adapter_key(k): v for k, v in names.items()}
             if len(renamed) != len(names):

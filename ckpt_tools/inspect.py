@@ -29,6 +29,7 @@ from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
+from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep, read_training_step
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
@@ -175,14 +176,13 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
     report.step = paths.step
     record = _training_step(paths, report)
     pm = paths.pretrained_model
-    peft = (pm / L.ADAPTER_CONFIG).exists() or (pm / L.ADAPTER_WEIGHTS).exists()
-    if record is not None and record.peft is not None:
-        peft = peft or record.peft
+    peft = manifest.is_peft(pm, record=record)
     report.peft = peft
     report.processors = [p.name for p in paths.processor_files()]
     report.formats = _formats(paths)
     part = {L.PathKind.PRETRAINED_MODEL: L.PRETRAINED_MODEL_DIR, L.PathKind.TRAINING_STATE: L.TRAINING_STATE_DIR}
-    report.checks.extend(_expected_files(paths, record, peft, part.get(only) if only else None))
+    variant = manifest.Variant.of(record, peft) if record is not None else None
+    report.checks.extend(_expected_files(paths, variant, part.get(only) if only else None))
     for f in _weight_files(pm):
         _inspect_safetensors(f, _rel(paths.root, f), report, tensors and not paths.model_dcp.is_dir())
     if paths.model_dcp.is_dir():
@@ -242,60 +242,29 @@ def _formats(paths: L.StepPaths) -> list[str]:
     return out
 
 
-def expected_files(record: TrainingStep | None, peft: bool) -> list[tuple[str, str]]:
-    """The files a step dir must hold for the run ``record`` describes, with why (docs/checkpoint-format.md)."""
-    pm, ts = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
-    out = [(f"{pm}/{L.POLICY_CONFIG}", "policy config"), (f"{pm}/{L.TRAIN_CONFIG}", "training config")]
-    out += [(f"{ts}/{L.TRAINING_STEP}", "topology record"), (f"{ts}/{L.RNG_STATE}", "RNG state")]
-    if record is None:
-        return out
-    sharded = record.sharded if record.sharded is not None else bool(record.topology and record.topology.layout.sharded)
-    try:
-        fmt = L.CheckpointFormat(record.checkpoint_format or "safetensors")
-    except ValueError:
-        fmt = L.CheckpointFormat.SAFETENSORS
-    weights = L.ADAPTER_WEIGHTS if peft else L.MODEL_WEIGHTS
-    if peft:
-        out.append((f"{pm}/{L.ADAPTER_CONFIG}", "PEFT adapter config"))
-    if record.is_legacy:
-        out.append((f"{pm}/{L.MODEL_WEIGHTS}", "0.6.x gathered weights"))
-        return out
-    if not sharded or fmt.has_gathered:
-        out.append((f"{pm}/{weights}", f"gathered weights ({fmt.value})"))
-    if sharded and fmt.has_dcp:
-        out.append((f"{pm}/{L.MODEL_DCP_DIR}/{L.DCP_METADATA}", f"DCP weight shards ({fmt.value})"))
-    if sharded:
-        out.append((f"{ts}/{L.OPTIMIZER_DCP_DIR}/{L.DCP_METADATA}", "DCP optimizer shards (sharded run)"))
-    else:
-        out.append((f"{ts}/{L.OPTIMIZER_STATE}", "optimizer state"))
-        out.append((f"{ts}/{L.OPTIMIZER_PARAM_GROUPS}", "optimizer param groups"))
-    if (record.mixed_precision or "").lower() == "fp16":
-        out.append((f"{ts}/{L.SCALER_STATE}", "loss scaler state (fp16)"))
-    return out
-
-
-def _expected_files(paths: L.StepPaths, record: TrainingStep | None, peft: bool, part: str | None) -> list[Check]:
-    """Check the expected files; ``part`` limits it to ``pretrained_model/`` or ``training_state/``."""
+def _expected_files(paths: L.StepPaths, variant: manifest.Variant | None, part: str | None) -> list[Check]:
+    """Check the files the manifest requires for ``variant`` (docs/checkpoint-format.md); ``part`` limits it
+    to one of the two directories."""
     missing, notes = [], []
-    pm = paths.pretrained_model
-    gathered = [pm / L.ADAPTER_WEIGHTS] if peft else [pm / L.MODEL_WEIGHTS, pm / L.MODEL_WEIGHTS_INDEX]
-    for rel, why in expected_files(record, peft):
-        if part is not None and not rel.startswith(part + "/"):
-            continue
-        path = paths.root / rel
-        if rel.endswith(f"/{L.MODEL_WEIGHTS}") and (pm / L.MODEL_WEIGHTS_INDEX).exists():
-            continue  # a sharded gathered save: the index stands for model.safetensors
-        if path.is_file():
-            continue
-        if path.exists():  # a directory, FIFO or device where a file belongs
-            missing.append(f"{rel} (not a regular file)")
-            continue
-        present = [g for g in gathered if g.exists()]
-        if path.parent == paths.model_dcp and present:
-            # convert-dcp --delete-dcp replaced the shards by the gathered file: still loadable.
-            notes.append(Check.warn("weights converted", f"{L.MODEL_DCP_DIR}/ replaced by {present[0].name}"))
-            continue
-        missing.append(f"{rel} ({why})")
+    gathered = manifest.gathered_weights(variant.peft if variant is not None else False)
+    converted = [paths.root / f for f in (gathered.path, *gathered.stand_ins) if (paths.root / f).exists()]
+    for wanted in manifest.required_parts(variant):
+        for rel in wanted.required_files():
+            if part is not None and not rel.startswith(part + "/"):
+                continue
+            path = paths.root / rel
+            if rel == wanted.path and any((paths.root / s).exists() for s in wanted.stand_ins):
+                continue  # a sharded gathered save: the index stands for model.safetensors
+            if path.is_file():
+                continue
+            if path.exists():  # a directory, FIFO or device where a file belongs
+                missing.append(f"{rel} (not a regular file)")
+                continue
+            if wanted is manifest.MODEL_DCP and converted:
+                # convert-dcp --delete-dcp replaced the shards by the gathered file: still loadable.
+                notes.append(Check.warn("weights converted", f"{wanted.name} replaced by {converted[0].name}"))
+                continue
+            missing.append(f"{rel} ({wanted.what})")
     if missing:
         return [Check.fail("expected files", "missing: " + "; ".join(missing)), *notes]
     where = f" in {part}/" if part else ""

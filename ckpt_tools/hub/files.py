@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError, UsageError
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, manifest
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.st.header import MAX_HEADER_BYTES, read_header
 
@@ -41,9 +41,7 @@ class PublishFile:
     @property
     def is_weights(self) -> bool:
         """Model or adapter weights (processor statistics are safetensors files too, but not weights)."""
-        return self.name.endswith(".safetensors") and not self.name.startswith(
-            (layout.PREPROCESSOR, layout.POSTPROCESSOR)
-        )
+        return self.name.endswith(".safetensors") and not manifest.PROCESSORS.holds(self.name)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check
+from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import BatchFactorization, Topology
@@ -298,20 +299,15 @@ def _dcp_reads(source: ResumeSource, lookup: ChunkLookup, wanted: list[tuple[str
 
 
 def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRead]:
-    """Files every rank reads entirely: flat weights / optimizer, the base model, sidecar state."""
+    """Files every rank reads entirely: flat weights / optimizer, the base model, the state the resume restores."""
     paths, files = source.paths, []
-    if source.weights is not None and source.weights.header is not None:
-        files.append((source.weights.path, "weights"))
-    if source.optimizer is not None and source.optimizer.header is not None:
-        files += [(source.optimizer.path, "optimizer"), (paths.optimizer_param_groups, "optimizer")]
+    for container, role in ((source.weights, "weights"), (source.optimizer, "optimizer")):
+        if container is not None and container.header is not None:
+            files += [(path, role) for path in container.part.paths(paths)]
     if source.base_weights is not None:
         files.append((source.base_weights, "base"))
-    files += [(paths.train_config, "state"), (paths.training_step, "state"), (paths.scheduler_state, "state")]
-    saved_world = source.record.topology.world_size if source.record.topology else None
-    if saved_world == target.world_size:
-        files.append((paths.rng_state, "state"))
-    if target.mixed_precision == "fp16":
-        files.append((paths.scaler_state, "state"))
+    resume = manifest.Resume.of(source.record, target.world_size, target.mixed_precision)
+    files += [(path, "state") for part in manifest.resume_reads(resume) for path in part.paths(paths)]
     out = []
     for path, role in files:
         try:

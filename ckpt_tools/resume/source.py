@@ -1,17 +1,11 @@
-"""What a checkpoint offers a resume, decided the way the training core's loader decides it.
+"""What a checkpoint offers a resume, chosen by the rule the training core's loader follows.
 
-``CheckpointManager.load`` (ckpt_tools/train/checkpoint.py) picks its inputs by what exists:
-
-- weights: ``pytorch_model_fsdp_0/`` when its ``.metadata`` exists (DCP reshards onto any
-  topology, sharded or not), otherwise ``model.safetensors`` (``adapter_model.safetensors`` for
-  a PEFT run); neither is an error;
-- optimizer: ``optimizer_0/`` when its ``.metadata`` exists, otherwise
-  ``optimizer_state.safetensors`` + ``optimizer_param_groups.json``;
-- a sharded run with neither optimizer form is the 0.6.x layout and is refused.
-
-:func:`load_source` makes the same choice from the same files, then describes the state the
-resumed model will hold - every parameter (shape, dtype, trainable or frozen) and every
-optimizer tensor - from metadata and headers only. The plan and the verifier both start here.
+The loader takes the weights and the optimizer state from the first container present of
+:func:`ckpt_tools.format.manifest.weights_inputs` / :func:`~ckpt_tools.format.manifest.optimizer_inputs`
+(DCP shards, else the gathered / flat files); :func:`load_source` asks the same functions, then
+describes the state the resumed model will hold - every parameter (shape, dtype, trainable or
+frozen) and every optimizer tensor - from metadata and headers only. The plan and the verifier
+both start here.
 """
 
 from __future__ import annotations
@@ -23,13 +17,13 @@ from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
+from ckpt_tools.format import manifest
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, read_training_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 
-DCP_WEIGHTS, SAFETENSORS = "dcp", "safetensors"
 
 
 @dataclass(frozen=True)
@@ -55,7 +49,7 @@ class SavedTensor:
 class Container:
     """One input the loader reads: a DCP directory (``index``) or a safetensors file (``header``)."""
 
-    kind: str  # "dcp" or "safetensors"
+    part: manifest.Part  # which of the manifest's containers it is
     path: Path
     index: ChunkIndex | None = None
     header: SafetensorsHeader | None = None
@@ -96,7 +90,7 @@ def load_source(paths: L.StepPaths) -> ResumeSource:
         config = read_saved_config(paths.train_config)
     except CkptError as e:
         config_error = str(e)
-    peft = bool(config.peft) if config is not None else bool(record.peft)
+    peft = manifest.is_peft(paths.pretrained_model, config=config, record=record)
     weights, weights_error = _weights(paths, peft)
     optimizer, optimizer_error = _optimizer(paths, record)
     source = ResumeSource(
@@ -125,52 +119,41 @@ def load_source(paths: L.StepPaths) -> ResumeSource:
 
 
 def _weights(paths: L.StepPaths, peft: bool) -> tuple[Container | None, str | None]:
-    if (paths.model_dcp / L.DCP_METADATA).exists():
-        return _dcp(paths.model_dcp), None
-    file = paths.adapter_weights if peft else paths.model_weights
-    if not file.exists():
-        dcp_note = (
-            f" ({L.MODEL_DCP_DIR}/ has no .metadata: its save did not complete)" if paths.model_dcp.is_dir() else ""
-        )
-        return (
-            None,
-            f"{paths.pretrained_model}: neither {L.MODEL_DCP_DIR}/ nor {file.name}{dcp_note} - no weights to resume",
-        )
-    return _safetensors(file), None
+    chosen = manifest.choose(manifest.weights_inputs(peft), paths)
+    if chosen is None:
+        return None, manifest.no_weights_reason(paths, peft)
+    return _container(chosen, paths), None
 
 
 def _optimizer(paths: L.StepPaths, record: TrainingStep) -> tuple[Container | None, str | None]:
-    if (paths.optimizer_dcp / L.DCP_METADATA).exists():
-        return _dcp(paths.optimizer_dcp), None
-    if paths.optimizer_state.exists():
-        container = _safetensors(paths.optimizer_state)
-        if not paths.optimizer_param_groups.exists():
-            container.problems.append(f"{paths.optimizer_param_groups}: missing (the optimizer's param groups)")
-        return container, None
-    if paths.optimizer_dcp.is_dir():
-        return None, (
-            f"{paths.optimizer_dcp}: no .metadata - the optimizer save did not complete"
-            f" (and no {L.OPTIMIZER_STATE} to fall back on)"
-        )
-    if record.sharded:
-        return None, f"{paths.training_state}: no {L.OPTIMIZER_DCP_DIR}/ - a sharded run's optimizer state is missing"
-    return None, f"{paths.training_state}: no optimizer state ({L.OPTIMIZER_DCP_DIR}/ or {L.OPTIMIZER_STATE})"
+    chosen = manifest.choose(manifest.optimizer_inputs(), paths)
+    if chosen is None:
+        return None, manifest.no_optimizer_reason(paths, bool(record.sharded))
+    return _container(chosen, paths), None
 
 
-def _dcp(directory: Path) -> Container:
+def _container(part: manifest.Part, paths: L.StepPaths) -> Container:
+    """The chosen input, read from its metadata or header; the files read with it must exist too."""
+    main, *companions = part.paths(paths)
+    container = _dcp(part, main) if part.is_dcp else _safetensors(part, main)
+    container.problems += [f"{c}: missing ({part.what})" for c in companions if not c.exists()]
+    return container
+
+
+def _dcp(part: manifest.Part, directory: Path) -> Container:
     try:
         index = ChunkIndex.load(directory)
     except CkptError as e:
-        return Container(DCP_WEIGHTS, directory, problems=[str(e)])
-    return Container(DCP_WEIGHTS, directory, index=index, problems=[p.message for p in validate.problems(index)])
+        return Container(part, directory, problems=[str(e)])
+    return Container(part, directory, index=index, problems=[p.message for p in validate.problems(index)])
 
 
-def _safetensors(file: Path) -> Container:
+def _safetensors(part: manifest.Part, file: Path) -> Container:
     try:
         header = read_header(file)
     except CkptError as e:
-        return Container(SAFETENSORS, file, problems=[str(e)])
-    return Container(SAFETENSORS, file, header=header, problems=list(header.problems))
+        return Container(part, file, problems=[str(e)])
+    return Container(part, file, header=header, problems=list(header.problems))
 
 
 # ====================================================================== inventories

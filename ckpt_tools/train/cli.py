@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         acknowledged = check_accelerate_env(os.environ)
         cfg, resume_from = parse_train_config(args)
         if resume_from is not None:
-            from ckpt_tools.train.checkpoint.manager import preflight_resume
+            from ckpt_tools.train.checkpoint.load import preflight_resume
 
             preflight_resume(resume_from)  # a 0.6.x checkpoint is named as such before anything else
         cfg.validate()

@@ -12,7 +12,8 @@ import torch
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
-from ckpt_tools.train.checkpoint.manager import CheckpointManager, TrainingState
+from ckpt_tools.train.checkpoint.manager import CheckpointManager
+from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.data.dataset import RobotDataset, load_dataset, resolve_root
 from ckpt_tools.train.data.processors import Pipeline, make_processors

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ckpt_tools.format.record import read_training_step
-from ckpt_tools.inspect import expected_files, inspect_path
+from ckpt_tools.inspect import inspect_path
 from devtools.procs import run_cli
 from devtools.training import LEGACY_CHECKPOINT
 from tests.support.cli import invoke_cli
@@ -149,26 +149,6 @@ def test_not_a_checkpoint_exits_3(tmp_path: Path) -> None:
         assert proc.returncode == 3, proc.stdout
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ")
-
-
-def test_expected_files_follow_the_recorded_format() -> None:
-    from ckpt_tools.format.record import Topology, TrainingStep
-
-    def names(fmt: str, sharded: bool, peft: bool = False, mp: str = "no") -> set[str]:
-        topo = Topology(2, 1, 2) if sharded else Topology(2, 2, 1)
-        record = TrainingStep(step=1, checkpoint_format=fmt, sharded=sharded, topology=topo, mixed_precision=mp)
-        return {rel for rel, _ in expected_files(record, peft)}
-
-    assert "pretrained_model/model.safetensors" in names("safetensors", True)
-    assert "pretrained_model/pytorch_model_fsdp_0/.metadata" not in names("safetensors", True)
-    assert "pretrained_model/model.safetensors" not in names("dcp", True)
-    assert {"pretrained_model/model.safetensors", "pretrained_model/pytorch_model_fsdp_0/.metadata"} <= names(
-        "safetensors_dcp", True
-    )
-    assert "training_state/optimizer_0/.metadata" in names("dcp", True)
-    assert "training_state/optimizer_state.safetensors" in names("safetensors", False)
-    assert "pretrained_model/adapter_model.safetensors" in names("safetensors", True, peft=True)
-    assert "training_state/scaler_state.json" in names("safetensors", False, mp="fp16")
 
 
 def test_api_report_is_json_serialisable(ckpts: Path) -> None:

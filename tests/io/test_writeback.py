@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ckpt_tools.io.writeback import WRITEBACK_EVERY, WritebackFile
-from ckpt_tools.train.checkpoint.save_job import WritebackFileSystemWriter
+from ckpt_tools.train.checkpoint.dcp_io import WritebackFileSystemWriter
 
 HandOver = tuple[int, int, int]  # (offset, length, file size in the kernel at that moment)
 

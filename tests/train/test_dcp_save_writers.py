@@ -18,15 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tools.train.checkpoint.save_job import writer_threads_per_rank
+from ckpt_tools.train.checkpoint.dcp_io import writer_threads_per_rank
 
 SAVE_WITH_A_FULL_DISK = textwrap.dedent(
     """
     import errno, sys, warnings
     from pathlib import Path
     import torch
-    from ckpt_tools.train.checkpoint.save_job import dcp_save
-    from ckpt_tools.train.checkpoint.save_job import os_error_in
+    from ckpt_tools.train.checkpoint.dcp_io import dcp_save, os_error_in
 
     warnings.simplefilter("ignore")  # "no process group: saving in a single process"
     state = {"model": {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(8)}}  # 8 x 1 MiB

@@ -1,9 +1,10 @@
 """Checks on the files a resume reads: present, complete, and covering the model.
 
-Each check follows one step of ``CheckpointManager.load`` (ckpt_tools/train/checkpoint.py): the
-0.6.x refusal and ``samples_seen`` (``check_resumable``), the weights and optimizer inputs it
-picks, the scheduler state it always reads, the RNG states it reads only when the world size
-is unchanged, and the loss-scaler state an fp16 run needs.
+Each check follows one step of the training core's load (ckpt_tools/train/checkpoint/load.py):
+the 0.6.x refusal and ``samples_seen`` (``check_resumable``), the weights and optimizer inputs
+the manifest chooses, the scheduler state it always reads, the RNG states it reads only when
+the world size is unchanged, and the loss-scaler state an fp16 run needs (the manifest's
+``Resume`` rule, shared with the loader).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
+from ckpt_tools.format import manifest
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.io.safe_read import read_json, read_json_file
@@ -83,7 +85,7 @@ def _weights(source: ResumeSource, target: ResumeTarget) -> list[Check]:
 def _weights_coverage(source: ResumeSource) -> Check:
     """DCP weights are loaded strictly: every key of the model must be there, at its shape."""
     paths = source.paths
-    gathered = paths.adapter_weights if source.peft else paths.model_weights
+    gathered = paths.root / manifest.gathered_weights(source.peft).path
     if source.weights is None or source.weights.index is None or not gathered.exists():
         return Check.ok("weights-coverage", f"{len(source.params)} tensors; no second copy to compare with")
     try:
@@ -186,7 +188,7 @@ def _slot_problem(param: SavedTensor, slots: dict[str, SavedTensor]) -> str | No
 def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
     saved = source.record.topology.world_size if source.record.topology else None
     path = source.paths.rng_state
-    if saved != target.world_size:
+    if not _resume(source, target).same_world:
         return Check.ok(
             "rng-state",
             f"not read: world size {saved} → {target.world_size}, generators reseed from (seed, step, rank)",
@@ -210,7 +212,7 @@ def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
 
 def _scaler(source: ResumeSource, target: ResumeTarget) -> Check:
     path = source.paths.scaler_state
-    if target.mixed_precision != "fp16":
+    if not _resume(source, target).fp16:
         return Check.ok("scaler", f"not needed (mixed precision {target.mixed_precision or 'no'})")
     if not path.exists():
         saved = source.record.mixed_precision
@@ -241,3 +243,7 @@ def _rel(source: ResumeSource, path: Path) -> str:
         return str(path.relative_to(source.paths.root))
     except ValueError:
         return str(path)
+
+
+def _resume(source: ResumeSource, target: ResumeTarget) -> manifest.Resume:
+    return manifest.Resume.of(source.record, target.world_size, target.mixed_precision)

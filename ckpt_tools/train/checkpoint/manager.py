@@ -7,73 +7,35 @@ ranks are done does the main rank fsync it, rename it to ``NNNNNN`` and then mov
 A crash at any moment therefore leaves the previous ``last`` complete and resumable, and a
 half-written save is never mistaken for a checkpoint (tools skip ``.partial`` dirs).
 
-Load is the mirror image and reshards: DCP shards load onto whatever topology is running
-now, and the flat files of non-sharded runs load into sharded ones.
+This module orchestrates the save (synchronous, or staged and written in the background);
+what is written is :mod:`ckpt_tools.train.checkpoint.save_job`'s, part by part, and the
+load half is :mod:`ckpt_tools.train.checkpoint.load`.
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import draccus
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from ckpt_tools import __version__
-from ckpt_tools.errors import CheckpointError, CkptError, LegacyCheckpoint
+from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout
-from ckpt_tools.format.layout import CheckpointFormat, StepPaths
-from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
-from ckpt_tools.format.rules import unresumable_reason
-from ckpt_tools.format.rules.data_order import DataOrderChange
-from ckpt_tools.io.safe_read import read_json_file
+from ckpt_tools.format.layout import CheckpointFormat
+from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.train.checkpoint import rng, state_dicts
-from ckpt_tools.train.checkpoint.audit import CountingReader, resident_bytes, write_audit
-from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata, require_valid_dcp_inputs
+from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
+from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
-from ckpt_tools.train.data.processors import Pipeline
-from ckpt_tools.train.data.sampler import GlobalOrderSampler
 from ckpt_tools.train.parallel.distributed import DistEnv, barrier, is_transport_failure
-from ckpt_tools.train.parallel.precision import PrecisionPlan
-from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.report.procstats import PeakMemory, now
-
-
-@dataclass
-class TrainingState:
-    """Everything a checkpoint captures, as live objects."""
-
-    cfg: TrainConfig
-    env: DistEnv
-    parallel: ParallelModel
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: Any
-    sampler: GlobalOrderSampler
-    precision: PrecisionPlan
-    preprocessor: Pipeline
-    postprocessor: Pipeline
-    peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
-    step: int = 0
-    optimizer_steps: int = 0
-
-
-@dataclass
-class ResumeReport:
-    step: int
-    source: Path
-    record: TrainingStep
-    sample_exact: bool
-    rng_restored: bool
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -227,11 +189,7 @@ class CheckpointManager:
             root=self.root,
             final_name=layout.step_dir_name(step, s.cfg.steps),
             env=s.env,
-            fmt=s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS,
-            sharded=s.parallel.sharded,
             model=model,
-            gathered_name=layout.ADAPTER_WEIGHTS if peft else layout.MODEL_WEIGHTS,
-            gathered_keys={k: saved_adapter_key(k) if peft else k for k in model},
             optimizer=state_dicts.sharded_optimizer_state(s.parallel, s.optimizer),
             rng_states=rng.gather_rng_states(s.env),
             record=self.record(step),
@@ -297,120 +255,8 @@ class CheckpointManager:
     # ------------------------------------------------------------------ load
 
     def load(self, step_dir: Path) -> ResumeReport:
-        """Collective: restore everything from ``step_dir`` onto the current topology.
-
-        A checkpoint is input from outside: whatever in it makes the restore fail (a JSON value
-        of the wrong type that a ``load_state_dict`` chokes on, a tensor of the wrong shape)
-        ends as one :class:`CheckpointError` naming the directory, not a traceback.
-        """
-        try:
-            return self._load(step_dir)
-        except CkptError:
-            raise
-        except Exception as e:
-            detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            raise CheckpointError(f"{step_dir}: cannot resume from it ({type(e).__name__}: {detail})") from None
-
-    def _load(self, step_dir: Path) -> ResumeReport:
-        s = self.state
-        paths = StepPaths(step_dir)
-        record = read_training_step(paths.training_step)
-        check_resumable(paths, record)
-        require_valid_dcp_inputs(paths)
-        only = self._peft_trainable()
-        self.requested: dict[str, int] = {}
-        self._load_model(paths, only)
-        self._load_optimizer(paths)
-        self._write_audit(paths)
-        s.scheduler.load_state_dict(read_json_file(paths.scheduler_state, want_object=True))
-        if s.scaler is not None:
-            if not paths.scaler_state.exists():
-                raise CheckpointError(
-                    f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
-                )
-            s.scaler.load_state_dict(read_json_file(paths.scaler_state, want_object=True))
-        saved_world = record.topology.world_size if record.topology else None
-        rng_restored = rng.restore_rng_state(paths.rng_state, s.env, saved_world, s.cfg.seed, record.step)
-        assert record.samples_seen is not None
-        s.sampler.restore(record.samples_seen)
-        s.step = record.step
-        s.optimizer_steps = record.optimizer_steps or 0
-        warnings = []
-        order = DataOrderChange(record.dp_world_size, record.batch_size, s.sampler.world_size, s.cfg.batch_size)
-        sample_exact = order.sample_exact is True
-        if not sample_exact:
-            warnings.append(f"data order is {order.describe()}")
-        if not rng_restored:
-            warnings.append("random generator state not restored (world size changed): dropout masks differ")
-        return ResumeReport(record.step, step_dir, record, sample_exact, rng_restored, warnings)
-
-    def _load_model(self, paths: StepPaths, only: set[str] | None) -> None:
-        s = self.state
-        partial = only is not None
-        if (paths.model_dcp / layout.DCP_METADATA).exists():
-            sd = state_dicts.sharded_model_state(s.parallel, only)
-            self._dcp_load({layout.MODEL_DCP_KEY: sd}, paths.model_dcp, paths.root)
-            state_dicts.load_sharded_model_state(s.parallel, sd, partial)
-            return
-        weights = paths.adapter_weights if partial else paths.model_weights
-        if not weights.exists():
-            raise CheckpointError(
-                f"{paths.pretrained_model}: neither {layout.MODEL_DCP_DIR}/ nor {weights.name} - no weights to resume"
-            )
-        full = _load_safetensors(weights)
-        if partial:
-            full = peft_keys_to_model_keys(full, only)
-        state_dicts.load_full_model_state(s.parallel, full, partial)
-
-    def _dcp_load(self, state: dict[str, Any], directory: Path, step_root: Path) -> None:
-        # Validated and unpickled data-only before torch sees it (torch would pickle.load it).
-        reader = CountingReader(directory, load_torch_metadata(directory / layout.DCP_METADATA))
-        try:
-            with warnings.catch_warnings():
-                # A single-process resume from shards is intended; torch warns about it regardless.
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
-        except (Exception, dcp.CheckpointException) as e:  # CheckpointException is a BaseException
-            raise _dcp_error(directory, e) from None
-        prefix = directory.relative_to(step_root)
-        for name, length in reader.requested.items():
-            self.requested[str(prefix / name)] = length
-
-    def _write_audit(self, paths: StepPaths) -> None:
-        s = self.state
-        payload = {
-            "rank": s.env.rank,
-            "world_size": s.env.world_size,
-            "dp_replicate": s.parallel.dp_replicate,
-            "dp_shard": s.parallel.dp_shard,
-            "source": str(paths.root),
-            "read": dict(sorted(self.requested.items())),
-            "resident": resident_bytes(s.parallel.inner, s.optimizer),
-        }
-        write_audit(Path(str(s.cfg.output_dir)) / "resume_audit" / f"rank{s.env.rank}.json", payload)
-
-    def _load_optimizer(self, paths: StepPaths) -> None:
-        s = self.state
-        if (paths.optimizer_dcp / layout.DCP_METADATA).exists():
-            osd = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
-            self._dcp_load({layout.OPTIMIZER_DCP_KEY: osd}, paths.optimizer_dcp, paths.root)
-            state_dicts.load_sharded_optimizer_state(s.parallel, s.optimizer, osd)
-        elif paths.optimizer_state.exists():
-            state_dicts.load_flat_optimizer(
-                s.parallel, s.optimizer, paths.optimizer_state, paths.optimizer_param_groups
-            )
-        else:
-            raise CheckpointError(
-                f"{paths.training_state}: no optimizer state ({layout.OPTIMIZER_DCP_DIR}/ or {layout.OPTIMIZER_STATE})"
-            )
-
-
-def preflight_resume(step_dir: Path) -> TrainingStep:
-    """Before any process group exists: is this a checkpoint we can resume at all?"""
-    paths = StepPaths(step_dir)
-    record = read_training_step(paths.training_step)
-    check_resumable(paths, record)
-    return record
+        """Collective: restore everything from ``step_dir`` onto the current topology."""
+        return load_checkpoint(self.state, step_dir, self._peft_trainable())
 
 
 def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:
@@ -419,38 +265,6 @@ def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:
         return [value]
     out: list[int | None] = [None] * env.world_size
     dist.all_gather_object(out, value)
-    return out
-
-
-def _dcp_error(directory: Path, error: Exception) -> CheckpointError:
-    last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-    return CheckpointError(f"{directory}: DCP load failed ({last[:300]})")
-
-
-def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
-    """Refuse the 0.6.x layout, optimizer-less sharded checkpoints and records without a data position."""
-    reason = unresumable_reason(paths, record)
-    if reason is not None:
-        raise LegacyCheckpoint(reason) if record.is_legacy else CheckpointError(reason)
-
-
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types for damaged files
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
-
-
-def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:
-    """Map saved adapter names (no adapter name, peft's convention) onto live parameter names."""
-    by_saved = {saved_adapter_key(k): k for k in model_keys}
-    out = {}
-    for key, value in adapter.items():
-        if key not in by_saved:
-            raise CheckpointError(f"adapter weights hold '{key}', which the current PEFT model does not have")
-        out[by_saved[key]] = value
     return out
 
 

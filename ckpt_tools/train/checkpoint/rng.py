@@ -46,11 +46,8 @@ def save_rng_states(states: dict[str, torch.Tensor], path: Path, world_size: int
     save_state_dict(states, path, metadata={"world_size": str(world_size)})
 
 
-def restore_rng_state(path: Path, env: DistEnv, saved_world_size: int | None, seed: int, step: int) -> bool:
-    """Restore this rank's generator; returns False (and reseeds) when the world size changed."""
-    if saved_world_size != env.world_size:
-        torch.manual_seed(seed + 7919 * step + env.rank)
-        return False
+def load_rng_states(path: Path, env: DistEnv) -> None:
+    """Restore this rank's generator from the states saved on the same world size."""
     try:
         states = load_file(str(path))
     except FileNotFoundError:
@@ -64,4 +61,8 @@ def restore_rng_state(path: Path, env: DistEnv, saved_world_size: int | None, se
     cuda_key = f"rank{env.rank}.cuda"
     if torch.cuda.is_available() and cuda_key in states:
         torch.cuda.set_rng_state(states[cuda_key])
-    return True
+
+
+def reseed(env: DistEnv, seed: int, step: int) -> None:
+    """A resume onto another world size: no saved state maps onto this rank, so derive one."""
+    torch.manual_seed(seed + 7919 * step + env.rank)

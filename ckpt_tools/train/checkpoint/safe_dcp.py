@@ -35,7 +35,8 @@ from torch.distributed.checkpoint.planner import ReadItem
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, METADATA_ALLOWLIST
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
-from ckpt_tools.format.layout import DCP_METADATA, StepPaths
+from ckpt_tools.format import manifest
+from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.io.safe_read import read_bytes
 
 
@@ -43,12 +44,11 @@ def require_valid_dcp_inputs(paths: StepPaths) -> None:
     """Refuse a resume whose DCP directories are not what their ``.metadata`` says.
 
     Called before any state is touched, on every rank (each reaches the same verdict from the
-    same files): the model directory and the optimizer directory, each where the loader reads
-    it (its ``.metadata`` exists). The first problem is raised as the line ``inspect`` shows.
+    same files): the model directory and the optimizer directory, each where the manifest says
+    the loader reads it. The first problem is raised as the line ``inspect`` shows.
     """
-    for directory in (paths.model_dcp, paths.optimizer_dcp):
-        if (directory / DCP_METADATA).exists():
-            validate.require_valid_dir(directory)
+    for part in manifest.dcp_inputs(paths):
+        validate.require_valid_dir(paths.root / part.path)
 
 
 def _resolve(module: str, name: str) -> Any:

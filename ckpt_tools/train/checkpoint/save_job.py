@@ -14,36 +14,31 @@ interleave with the training loop's).
 from __future__ import annotations
 
 import copy
-import io
+import itertools
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools.errors import CheckpointError, CkptError, WriteError
-from ckpt_tools.format import layout
-from ckpt_tools.format.layout import CheckpointFormat, StepPaths
-from ckpt_tools.format.record import TrainingStep, training_step_json
-from ckpt_tools.io.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, sync_deferred, write_json_atomic
-from ckpt_tools.io.writeback import WritebackFile
+from ckpt_tools.format import layout, manifest
+from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.io.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, sync_deferred
 from ckpt_tools.st.writer import describe_os_error
-from ckpt_tools.train.checkpoint import rng, writer_threads
-from ckpt_tools.train.checkpoint.gathered_write import RowWriter, write_gathered
-from ckpt_tools.train.checkpoint.state_dicts import write_flat_optimizer
+from ckpt_tools.train.checkpoint import parts
+from ckpt_tools.train.checkpoint.dcp_io import os_error_in
+from ckpt_tools.train.checkpoint.gathered_write import RowWriter
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.wrap import ParallelModel
-from ckpt_tools.train.policies.base import save_policy_config
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 
@@ -75,14 +70,10 @@ class SaveJob:
     root: Path  # the checkpoints directory
     final_name: str
     env: DistEnv
-    fmt: CheckpointFormat
-    sharded: bool
     model: dict[str, Any]  # DCP-shaped state (DTensors on sharded runs), peft-filtered
-    gathered_name: str  # model.safetensors or adapter_model.safetensors
-    gathered_keys: dict[str, str]  # model key → its name in the gathered file (peft drops the adapter name)
     optimizer: dict[str, Any]  # get_optimizer_state_dict output
     rng_states: dict[str, torch.Tensor] | None  # main rank only
-    record: TrainingStep
+    record: TrainingStep  # what the checkpoint holds follows from it (manifest.Variant)
     policy_config: PolicyConfig
     train_config: dict[str, Any]
     scheduler_state: dict[str, Any]
@@ -127,49 +118,97 @@ class SaveJob:
         except dcp.CheckpointException as e:
             raise _save_error(self, e) from None
 
+    @property
+    def variant(self) -> manifest.Variant:
+        """The run as its record describes it: the manifest's parts for it are what this job writes."""
+        return manifest.Variant.of(self.record, peft=bool(self.record.peft))
+
     def _run(self, groups: SaveGroups) -> Path:
         paths = StepPaths(self.partial)
         clock = PhaseClock(self.timings)
-        if self.fmt.has_dcp:
-            dcp_save({layout.MODEL_DCP_KEY: self.model}, paths.model_dcp, groups.world)
-            clock.lap("model_dcp")
-        if self.fmt.has_gathered:
-            gathered = {self.gathered_keys[k]: v for k, v in self.model.items()}
-            path = paths.pretrained_model / self.gathered_name
-            write_gathered(gathered, path, groups.rows, lambda: groups.barrier(self.env), {"format": "pt"})
-            clock.lap("gathered")
-        if self.sharded:
-            dcp_save({layout.OPTIMIZER_DCP_KEY: self.optimizer}, paths.optimizer_dcp, groups.world)
-        elif self.env.is_main:
-            with sync_deferred():  # the main rank's own files: its commit's fsync_tree syncs each once
-                write_flat_optimizer(self.optimizer, paths.optimizer_state, paths.optimizer_param_groups)
-        clock.lap("optimizer")
-        if self.env.is_main:
-            with sync_deferred():  # in the partial dir: the commit's fsync_tree syncs each file once
-                self._write_sidecars(paths)
-        groups.barrier(self.env)
-        clock.lap("sidecars")
+        writers = self._writers(paths, groups)
+        todo = [writers[part.key] for part in manifest.written_parts(self.variant)]
+        for phase, phase_writers in itertools.groupby(todo, key=lambda w: w.phase):
+            for writer in phase_writers:
+                writer.run(self.env)
+            if phase == SIDECARS:
+                groups.barrier(self.env)
+            clock.lap(phase)
         if self.env.is_main:
             commit(self.partial, self.final, self.root)
         groups.barrier(self.env)
         clock.lap("commit")
         return self.final
 
-    def _write_sidecars(self, paths: StepPaths) -> None:
-        pm = paths.pretrained_model
-        assert self.rng_states is not None
-        rng.save_rng_states(self.rng_states, paths.rng_state, self.env.world_size)
-        save_policy_config(self.policy_config, pm)
-        write_json_atomic(paths.train_config, self.train_config)
-        if self.adapter_config is not None:
-            self.adapter_config.save_pretrained(str(pm))
-        for pipeline in self.processors:
-            pipeline.save(pm)
-        write_json_atomic(paths.scheduler_state, self.scheduler_state)
-        if self.scaler_state is not None:
-            write_json_atomic(paths.scaler_state, self.scaler_state)
-        # Written last: a training_step.json means everything it describes is there.
-        paths.training_step.write_text(training_step_json(self.record))
+    def _writers(self, paths: StepPaths, groups: SaveGroups) -> dict[str, PartWriter]:
+        """How each part of the manifest is written, keyed by ``Part.key`` (the manifest says which are)."""
+
+        def barrier() -> None:
+            groups.barrier(self.env)
+
+        def gathered(path: Path, peft: bool) -> Callable[[], None]:
+            return lambda: parts.save_gathered_weights(self.model, path, peft, groups.rows, barrier)
+
+        return {
+            manifest.MODEL_DCP.key: PartWriter(
+                "model_dcp", True, lambda: parts.save_model_dcp(self.model, paths, groups.world)
+            ),
+            manifest.MODEL_WEIGHTS.key: PartWriter("gathered", True, gathered(paths.model_weights, False)),
+            manifest.ADAPTER_WEIGHTS.key: PartWriter("gathered", True, gathered(paths.adapter_weights, True)),
+            manifest.OPTIMIZER_DCP.key: PartWriter(
+                "optimizer", True, lambda: parts.save_optimizer_dcp(self.optimizer, paths, groups.world)
+            ),
+            manifest.FLAT_OPTIMIZER.key: PartWriter(
+                "optimizer", False, lambda: parts.save_flat_optimizer(self.optimizer, paths)
+            ),
+            manifest.RNG_STATE.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_rng_state(_given(self.rng_states), paths, self.env.world_size)
+            ),
+            manifest.POLICY_CONFIG.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_policy_config(self.policy_config, paths)
+            ),
+            manifest.TRAIN_CONFIG.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_train_config(self.train_config, paths)
+            ),
+            manifest.ADAPTER_CONFIG.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_adapter_config(_given(self.adapter_config), paths)
+            ),
+            manifest.PROCESSORS.key: PartWriter(SIDECARS, False, lambda: parts.save_processors(self.processors, paths)),
+            manifest.SCHEDULER_STATE.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_scheduler_state(self.scheduler_state, paths)
+            ),
+            manifest.SCALER_STATE.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_scaler_state(_given(self.scaler_state), paths)
+            ),
+            manifest.TRAINING_STEP.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_training_step(self.record, paths)
+            ),
+        }
+
+
+SIDECARS = "sidecars"  # the phase of the main rank's small files; the barrier after it ends the writing
+
+
+@dataclass(frozen=True)
+class PartWriter:
+    """How one part is written: by every rank (its share, collectively) or by the main rank alone."""
+
+    phase: str  # the entry of SaveJob.timings its time counts in
+    every_rank: bool
+    write: Callable[[], None]
+
+    def run(self, env: DistEnv) -> None:
+        if self.every_rank:
+            self.write()
+        elif env.is_main:
+            with sync_deferred():  # in the partial dir: the commit's fsync_tree syncs each file once
+                self.write()
+
+
+def _given(value: Any) -> Any:
+    """A payload the record says the checkpoint holds (the capture always provides it then)."""
+    assert value is not None
+    return value
 
 
 def _save_error(job: SaveJob, error: dcp.CheckpointException) -> CkptError:
@@ -180,93 +219,6 @@ def _save_error(job: SaveJob, error: dcp.CheckpointException) -> CkptError:
         return WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, cause)}")
     last = str(error).strip().splitlines()[-1][:300] if str(error).strip() else type(error).__name__
     return CheckpointError(f"checkpoint save of step {job.step}: DCP save failed ({last})")
-
-
-def os_error_in(error: BaseException) -> OSError | None:
-    """The first ``OSError`` in a DCP failure: in its per-rank failures, or along their chains."""
-    failures = list(getattr(error, "failures", {}).values()) or [error]
-    for failure in failures:
-        cause = writer_threads.root_cause(failure[0] if isinstance(failure, tuple) else failure)
-        if isinstance(cause, OSError):
-            return cause
-    return None
-
-
-def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
-    """``dcp.save`` into ``directory``: no per-chunk CRC32, cached plans, a writer thread per free
-    core, disk writeback started as the shard file grows (:class:`WritebackFileSystemWriter`).
-
-    Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs a large share of
-    the save on CPU, and nothing ever verifies it on load (torch, accelerate and our reader
-    check structure and sizes instead). Durability comes from the fsync of every file.
-
-    The save plan (one entry per tensor chunk: ~1 000 per rank for a policy and its AdamW
-    state) is the same at every save of a run, yet plain ``dcp.save`` pickles every rank's
-    plan to the coordinator and the global plan back each time - a large share of the save's
-    non-writing time in a profile. With plan caching each rank only says "unchanged".
-    """
-    from torch.utils.serialization import config
-
-    (key,) = state  # the model or the optimizer: each keeps its own cached plan
-    previous = config.save.compute_crc32
-    config.save.compute_crc32 = False
-    try:
-        writer = WritebackFileSystemWriter(directory, thread_count=writer_threads_per_rank())
-        with writer_threads.watched():  # torch drops its writer threads' failures
-            dcp.save(state, storage_writer=writer, planner=CachedPlanSavePlanner(key), process_group=group)
-    finally:
-        config.save.compute_crc32 = previous
-
-
-def writer_threads_per_rank() -> int:
-    """DCP writer threads for this rank: the cores each local rank has to itself, 1 to 4.
-
-    Each thread serializes and writes its own shard file; threads beyond the free cores only
-    contend (measured in docs/benchmarks.md).
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, min(4, cores // local_ranks))
-
-
-class WritebackFileSystem(FileSystem):
-    """torch's local file system for DCP, whose new files start their disk writeback as they grow."""
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        with WritebackFile(path) as stream:
-            yield cast(io.IOBase, stream)
-
-
-class WritebackFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer whose shard files overlap their disk writing with their serialization.
-
-    Plain DCP serializes a rank's whole shard file into the page cache, then fsyncs it: the
-    disk idles during the copy and the copy waits during the fsync. Here the disk takes each
-    32 MiB as soon as it is serialized (:mod:`ckpt_tools.io.writeback`); the files, their bytes
-    and the fsync of each are those of the plain writer.
-    """
-
-    def __init__(self, path: Path, thread_count: int) -> None:
-        super().__init__(path, thread_count=thread_count)
-        self.fs = WritebackFileSystem()
-
-
-class CachedPlanSavePlanner(DefaultSavePlanner):
-    """torch's default save planner with plan caching, cached under its own key per state.
-
-    torch keys the cache by planner class name alone; two states saved alternately (model,
-    optimizer) would evict each other's plan at every save. A changed plan is detected by
-    comparison and simply re-sent, so a stale cache costs one full exchange, never a wrong plan.
-    """
-
-    def __init__(self, key: str) -> None:
-        super().__init__(enable_plan_caching=True)
-        self._cached_plans_key = f"{type(self).__name__}:{key}"
 
 
 class PhaseClock:

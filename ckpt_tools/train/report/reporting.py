@@ -12,7 +12,8 @@ from ckpt_tools.train.report.metrics import MetricsLog
 from ckpt_tools.train.report.procstats import seconds_since_process_start
 
 if TYPE_CHECKING:
-    from ckpt_tools.train.checkpoint.manager import SaveStats, StagingWait, TrainingState
+    from ckpt_tools.train.checkpoint.manager import SaveStats, StagingWait
+    from ckpt_tools.train.checkpoint.training_state import TrainingState
 
 
 class Reporter:

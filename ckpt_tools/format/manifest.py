@@ -1,0 +1,386 @@
+"""The parts of a checkpoint step directory: what each one is, and when a checkpoint holds it.
+
+One declarative list, read by both halves of the project. The training core writes exactly
+the parts it lists for the run being saved and loads them back through the containers it
+names; ``inspect`` checks that the parts are there, and the resume prediction (``reshard-plan``,
+``verify-resume``) says which of them a resume reads. What a checkpoint holds depends on the
+run that saved it, as ``training_step.json`` records it (a :class:`Variant`)::
+
+    <step>/
+    ├── pretrained_model/
+    │   ├── pytorch_model_fsdp_0/         DCP weight shards     sharded run, format dcp or safetensors_dcp
+    │   ├── model.safetensors             gathered weights      format safetensors or safetensors_dcp, or not sharded
+    │   ├── adapter_model.safetensors     the same, PEFT        (a PEFT run saves only its adapter)
+    │   ├── config.json                   policy config         always
+    │   ├── train_config.json             training config       always (a resume starts from it)
+    │   ├── adapter_config.json           PEFT adapter config   PEFT
+    │   └── policy_{pre,post}processor*   processors            written always, required never
+    └── training_state/
+        ├── optimizer_0/                  DCP optimizer shards  sharded run
+        ├── optimizer_state.safetensors   flat optimizer state  not sharded
+        │   + optimizer_param_groups.json
+        ├── rng_state.safetensors         every rank's RNG      always
+        ├── scheduler_state.json          LR scheduler          always
+        ├── scaler_state.json             fp16 loss scaler      fp16
+        └── training_step.json            the record            always, written last
+
+:data:`PARTS` is in the order the training core writes them: ``training_step.json`` last, so
+its presence means everything it describes is there. A loader takes the weights and the
+optimizer state from the first container of :func:`weights_inputs` / :func:`optimizer_inputs`
+that is present: DCP shards reshard onto any topology, so they win over a flat file.
+
+Adding a part to a checkpoint is one entry here plus its save/load pair in
+``ckpt_tools/train/checkpoint/parts.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpt_tools.format import layout as L
+from ckpt_tools.format.layout import CheckpointFormat, StepPaths
+from ckpt_tools.format.peft_keys import looks_like_adapter
+from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.train_config import SavedConfig
+
+PM, TS = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
+CHOSEN = "chosen"  # Part.read of a container: read when the loader picks it (:func:`choose`)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What decides which parts a checkpoint holds: the saving run's format, layout, PEFT, precision.
+
+    Each property below is one condition a :class:`Part` names in ``when``.
+    """
+
+    format: CheckpointFormat = CheckpointFormat.SAFETENSORS
+    sharded: bool = False
+    peft: bool = False
+    fp16: bool = False  # mixed precision fp16: the run has a loss scaler
+    legacy: bool = False  # the 0.6.x layout: gathered weights, nothing resumable
+
+    @classmethod
+    def of(cls, record: TrainingStep, peft: bool) -> Variant:
+        """The variant ``record`` describes (``peft`` from :func:`is_peft`). Unknown formats read as safetensors."""
+        sharded = (
+            record.sharded if record.sharded is not None else bool(record.topology and record.topology.layout.sharded)
+        )
+        try:
+            fmt = CheckpointFormat(record.checkpoint_format or CheckpointFormat.SAFETENSORS.value)
+        except ValueError:
+            fmt = CheckpointFormat.SAFETENSORS
+        fp16 = (record.mixed_precision or "").lower() == "fp16"
+        return cls(fmt, sharded, peft, fp16, record.is_legacy)
+
+    @property
+    def always(self) -> bool:
+        return True
+
+    @property
+    def never(self) -> bool:
+        return False
+
+    @property
+    def _gathered(self) -> bool:
+        """A non-sharded run has nothing to shard: its weights are always one file."""
+        return not self.sharded or self.format.has_gathered
+
+    @property
+    def gathered_model(self) -> bool:
+        return self.legacy or (self._gathered and not self.peft)
+
+    @property
+    def gathered_adapter(self) -> bool:
+        return not self.legacy and self._gathered and self.peft
+
+    @property
+    def dcp_model(self) -> bool:
+        return not self.legacy and self.sharded and self.format.has_dcp
+
+    @property
+    def sharded_optimizer(self) -> bool:
+        return not self.legacy and self.sharded
+
+    @property
+    def flat_optimizer(self) -> bool:
+        return not self.legacy and not self.sharded
+
+    @property
+    def resumable(self) -> bool:
+        """State only a resume reads (a 0.6.x checkpoint cannot be resumed, so it is not required there)."""
+        return not self.legacy
+
+    @property
+    def scaler(self) -> bool:
+        return not self.legacy and self.fp16
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What decides which of the checkpoint's state files a resume reads: the run it continues into."""
+
+    same_world: bool = False  # the RNG state is per rank: restored only onto the same world size, else reseeded
+    fp16: bool = False  # only an fp16 run has a loss scaler to restore
+
+    @classmethod
+    def of(cls, record: TrainingStep, world_size: int, mixed_precision: str | None) -> Resume:
+        saved_world = record.topology.world_size if record.topology is not None else None
+        return cls(same_world=saved_world == world_size, fp16=(mixed_precision or "").lower() == "fp16")
+
+    @property
+    def always(self) -> bool:
+        return True
+
+    @property
+    def never(self) -> bool:
+        return False
+
+
+class Kind(str, enum.Enum):
+    FILE = "file"  # files[...] are files
+    DCP = "dcp"  # files[0] is a DCP directory; its .metadata says the save completed
+    PREFIX = "prefix"  # files[...] are name prefixes (a part with a varying set of files)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a checkpoint, saved and loaded as a unit.
+
+    ``files`` are relative to the step dir; the first is the one whose presence says the part
+    is there (for a DCP part: the directory, present once its ``.metadata`` is). ``when``
+    names the :class:`Variant` condition under which a complete checkpoint holds it;
+    ``written``, when given, the one under which the training core writes it (if that differs).
+    ``read`` names the :class:`Resume` condition under which a resume reads it; ``"chosen"``
+    marks a container a loader picks among alternatives (:func:`choose`).
+    """
+
+    key: str
+    files: tuple[str, ...]
+    what: str
+    when: str
+    kind: Kind = Kind.FILE
+    written: str = ""
+    read: str = "never"
+    stand_ins: tuple[str, ...] = ()  # files that stand for files[0] in a complete checkpoint
+
+    def __post_init__(self) -> None:
+        for condition in (self.when, self.written or self.when):
+            if condition.startswith("_") or not isinstance(getattr(Variant(), condition, None), bool):
+                raise ValueError(f"part {self.key}: {condition!r} is not a Variant condition")
+        if self.read != CHOSEN and (
+            self.read.startswith("_") or not isinstance(getattr(Resume(), self.read, None), bool)
+        ):
+            raise ValueError(f"part {self.key}: {self.read!r} is not a Resume condition")
+
+    @property
+    def path(self) -> str:
+        return self.files[0]
+
+    @property
+    def is_dcp(self) -> bool:
+        return self.kind is Kind.DCP
+
+    @property
+    def name(self) -> str:
+        """How messages name it: ``optimizer_0/``, ``model.safetensors``."""
+        base = self.path.rsplit("/", 1)[-1]
+        return f"{base}/" if self.is_dcp else base
+
+    @property
+    def marker(self) -> str:
+        """The file whose presence means the part is there."""
+        return f"{self.path}/{L.DCP_METADATA}" if self.is_dcp else self.path
+
+    def required(self, variant: Variant) -> bool:
+        return bool(getattr(variant, self.when))
+
+    def writes(self, variant: Variant) -> bool:
+        return bool(getattr(variant, self.written or self.when))
+
+    def required_files(self) -> tuple[str, ...]:
+        """The files that must exist when the part is required (a DCP part: its ``.metadata``)."""
+        if self.kind is Kind.PREFIX:
+            return ()
+        return (self.marker, *self.files[1:])
+
+    def present(self, step: StepPaths) -> bool:
+        """The loader's test: is this part there to read (a DCP part: did its save complete)?"""
+        return (step.root / self.marker).exists()
+
+    def paths(self, step: StepPaths) -> tuple[Path, ...]:
+        return tuple(step.root / f for f in self.files)
+
+    def holds(self, name: str) -> bool:
+        """Whether a file called ``name`` (in the part's directory) belongs to this part."""
+        names = [f.rsplit("/", 1)[-1] for f in self.files]
+        return any(name.startswith(n) for n in names) if self.kind is Kind.PREFIX else name in names
+
+
+# The training core writes them in this order (collectives first, training_step.json last).
+MODEL_DCP = Part("model_dcp", (f"{PM}/{L.MODEL_DCP_DIR}",), "DCP weight shards", "dcp_model", Kind.DCP, read=CHOSEN)
+MODEL_WEIGHTS = Part(
+    "model_weights",
+    (f"{PM}/{L.MODEL_WEIGHTS}",),
+    "gathered weights",
+    "gathered_model",
+    read=CHOSEN,
+    stand_ins=(f"{PM}/{L.MODEL_WEIGHTS_INDEX}",),  # a sharded safetensors save: the index and its shards
+)
+ADAPTER_WEIGHTS = Part(
+    "adapter_weights", (f"{PM}/{L.ADAPTER_WEIGHTS}",), "gathered PEFT adapter weights", "gathered_adapter", read=CHOSEN
+)
+OPTIMIZER_DCP = Part(
+    "optimizer_dcp",
+    (f"{TS}/{L.OPTIMIZER_DCP_DIR}",),
+    "DCP optimizer shards",
+    "sharded_optimizer",
+    Kind.DCP,
+    read=CHOSEN,
+)
+FLAT_OPTIMIZER = Part(
+    "flat_optimizer",
+    (f"{TS}/{L.OPTIMIZER_STATE}", f"{TS}/{L.OPTIMIZER_PARAM_GROUPS}"),
+    "optimizer state and param groups",
+    "flat_optimizer",
+    read=CHOSEN,
+)
+RNG_STATE = Part("rng_state", (f"{TS}/{L.RNG_STATE}",), "RNG state", "always", read="same_world")
+POLICY_CONFIG = Part("policy_config", (f"{PM}/{L.POLICY_CONFIG}",), "policy config", "always")
+TRAIN_CONFIG = Part("train_config", (f"{PM}/{L.TRAIN_CONFIG}",), "training config", "always", read="always")
+ADAPTER_CONFIG = Part("adapter_config", (f"{PM}/{L.ADAPTER_CONFIG}",), "PEFT adapter config", "peft")
+PROCESSORS = Part(
+    "processors",
+    (f"{PM}/{L.PREPROCESSOR}", f"{PM}/{L.POSTPROCESSOR}"),
+    "policy processors",
+    "never",
+    Kind.PREFIX,
+    written="always",
+)
+SCHEDULER_STATE = Part(
+    "scheduler_state", (f"{TS}/{L.SCHEDULER_STATE}",), "LR scheduler state", "resumable", read="always"
+)
+SCALER_STATE = Part("scaler_state", (f"{TS}/{L.SCALER_STATE}",), "loss scaler state (fp16)", "scaler", read="fp16")
+TRAINING_STEP = Part("training_step", (f"{TS}/{L.TRAINING_STEP}",), "topology record", "always", read="always")
+
+PARTS: tuple[Part, ...] = (
+    MODEL_DCP,
+    MODEL_WEIGHTS,
+    ADAPTER_WEIGHTS,
+    OPTIMIZER_DCP,
+    FLAT_OPTIMIZER,
+    RNG_STATE,
+    POLICY_CONFIG,
+    TRAIN_CONFIG,
+    ADAPTER_CONFIG,
+    PROCESSORS,
+    SCHEDULER_STATE,
+    SCALER_STATE,
+    TRAINING_STEP,
+)
+
+
+def required_parts(variant: Variant | None) -> tuple[Part, ...]:
+    """The parts a complete checkpoint of ``variant`` holds (None: the run is unknown, only the universal ones)."""
+    if variant is None:
+        return tuple(p for p in PARTS if p.when == "always")
+    return tuple(p for p in PARTS if p.required(variant))
+
+
+def written_parts(variant: Variant) -> tuple[Part, ...]:
+    """The parts the training core writes for a run of ``variant``, in the order it writes them."""
+    return tuple(p for p in PARTS if p.writes(variant))
+
+
+# ====================================================================== what a loader reads
+
+
+def weights_inputs(peft: bool) -> tuple[Part, Part]:
+    """Where the weights come from, in the loader's order: DCP shards, else the gathered file."""
+    return (MODEL_DCP, ADAPTER_WEIGHTS if peft else MODEL_WEIGHTS)
+
+
+def optimizer_inputs() -> tuple[Part, Part]:
+    """Where the optimizer state comes from, in the loader's order: DCP shards, else the flat files."""
+    return (OPTIMIZER_DCP, FLAT_OPTIMIZER)
+
+
+def choose(inputs: tuple[Part, ...], step: StepPaths) -> Part | None:
+    """The first of ``inputs`` present in ``step``: the one a loader reads (None: none is)."""
+    return next((p for p in inputs if p.present(step)), None)
+
+
+def dcp_inputs(step: StepPaths) -> tuple[Part, ...]:
+    """The DCP directories a loader reads from ``step``: the weights' and the optimizer's, where chosen.
+
+    DCP shards are every state's first choice, whether the run is PEFT or not.
+    """
+    chosen = (choose(weights_inputs(peft=False), step), choose(optimizer_inputs(), step))
+    return tuple(p for p in chosen if p is not None and p.is_dcp)
+
+
+def gathered_weights(peft: bool) -> Part:
+    """The one-file form of the weights: ``adapter_model.safetensors`` for a PEFT run."""
+    return weights_inputs(peft)[1]
+
+
+def no_weights_reason(step: StepPaths, peft: bool) -> str:
+    """Why a loader finds no weights in ``step`` (neither container present), in one line."""
+    dcp, gathered = weights_inputs(peft)
+    incomplete = (
+        f" ({dcp.name} has no {L.DCP_METADATA}: its save did not complete)" if (step.root / dcp.path).is_dir() else ""
+    )
+    return f"{step.pretrained_model}: neither {dcp.name} nor {gathered.name}{incomplete} - no weights to resume"
+
+
+def no_optimizer_reason(step: StepPaths, sharded: bool) -> str:
+    """Why a loader finds no optimizer state in ``step`` (neither container present), in one line."""
+    dcp, flat = optimizer_inputs()
+    if (step.root / dcp.path).is_dir():
+        return (
+            f"{step.root / dcp.path}: no {L.DCP_METADATA} - the optimizer save did not complete"
+            f" (and no {flat.name} to fall back on)"
+        )
+    if sharded:
+        return f"{step.training_state}: no {dcp.name} - a sharded run's optimizer state is missing"
+    return f"{step.training_state}: no optimizer state ({dcp.name} or {flat.name})"
+
+
+def resume_reads(resume: Resume) -> tuple[Part, ...]:
+    """The state parts a resume reads whole, besides the weights and optimizer containers it chooses."""
+    return tuple(p for p in PARTS if p.read != CHOSEN and getattr(resume, p.read))
+
+
+# ====================================================================== is this PEFT
+
+
+def is_peft(
+    pretrained_model: Path | None,
+    *,
+    config: SavedConfig | None = None,
+    record: TrainingStep | None = None,
+    weight_names: Iterable[str] = (),
+) -> bool:
+    """Whether a checkpoint is a PEFT one: the one rule for the trainer's records and every tool.
+
+    A PEFT checkpoint holds only the adapter (``adapter_model.safetensors``, under peft's saved
+    names) and resumes by training that adapter on its base model. The evidence, strongest first:
+
+    - ``config``, the ``train_config.json`` a resume starts from, when the question is what the
+      resumed run will be (the training core builds that model from it: its ``peft`` group);
+    - ``record``: ``training_step.json``'s ``peft``, the saving run's own word;
+    - the files peft's ``save_pretrained`` leaves in ``pretrained_model/``;
+    - ``weight_names`` that only an adapter has (LoRA keys, nothing else), for a loose DCP dir.
+    """
+    if config is not None:
+        return config.peft
+    if record is not None and record.peft is not None:
+        return record.peft
+    if pretrained_model is not None and any(
+        (pretrained_model / name).exists() for name in (L.ADAPTER_CONFIG, L.ADAPTER_WEIGHTS)
+    ):
+        return True
+    return looks_like_adapter(list(weight_names))

@@ -1,0 +1,121 @@
+"""The load half of the checkpoint life cycle: restore a step dir onto the running topology.
+
+The load reshards: DCP shards load onto whatever topology is running now, and the flat files
+of non-sharded runs load into sharded ones. Which container each state comes from is the
+manifest's choice (:func:`~ckpt_tools.format.manifest.choose`: DCP shards, else the one-file
+form), the same function ``verify-resume`` and ``reshard-plan`` predict it with; which other
+state files it reads is the manifest's :class:`~ckpt_tools.format.manifest.Resume` rule. Each
+part is read by its pair in :mod:`ckpt_tools.train.checkpoint.parts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.format import manifest
+from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.train.checkpoint import parts, rng
+from ckpt_tools.train.checkpoint.audit import resident_bytes, write_audit
+from ckpt_tools.train.checkpoint.safe_dcp import require_valid_dcp_inputs
+from ckpt_tools.train.checkpoint.training_state import TrainingState
+
+
+@dataclass
+class ResumeReport:
+    step: int
+    source: Path
+    record: TrainingStep
+    sample_exact: bool
+    rng_restored: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_checkpoint(state: TrainingState, step_dir: Path, trainable: set[str] | None) -> ResumeReport:
+    """Collective: restore everything from ``step_dir`` onto the current topology.
+
+    ``trainable``: the parameters a PEFT run trains (the only ones its checkpoint holds), or
+    None for a whole model. A checkpoint is input from outside: whatever in it makes the
+    restore fail (a JSON value of the wrong type that a ``load_state_dict`` chokes on, a tensor
+    of the wrong shape) ends as one :class:`CheckpointError` naming the directory, not a traceback.
+    """
+    try:
+        return _load(state, StepPaths(step_dir), trainable)
+    except CkptError:
+        raise
+    except Exception as e:
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise CheckpointError(f"{step_dir}: cannot resume from it ({type(e).__name__}: {detail})") from None
+
+
+def preflight_resume(step_dir: Path) -> TrainingStep:
+    """Before any process group exists: is this a checkpoint we can resume at all?"""
+    return parts.load_training_step(StepPaths(step_dir))
+
+
+def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> ResumeReport:
+    record = parts.load_training_step(paths)
+    require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
+    reads = _load_weights(s, paths, trainable)
+    reads.update(_load_optimizer(s, paths, record))
+    _write_audit(s, paths, reads)
+    resume = manifest.Resume.of(record, s.env.world_size, s.cfg.accelerator.mixed_precision)
+    parts.load_scheduler_state(s.scheduler, paths)
+    if resume.fp16:
+        parts.load_scaler_state(s.scaler, paths)
+    if resume.same_world:
+        parts.load_rng_state(paths, s.env)
+    else:
+        rng.reseed(s.env, s.cfg.seed, record.step)
+    assert record.samples_seen is not None
+    s.sampler.restore(record.samples_seen)
+    s.step = record.step
+    s.optimizer_steps = record.optimizer_steps or 0
+    warnings = []
+    order = DataOrderChange(record.dp_world_size, record.batch_size, s.sampler.world_size, s.cfg.batch_size)
+    sample_exact = order.sample_exact is True
+    if not sample_exact:
+        warnings.append(f"data order is {order.describe()}")
+    if not resume.same_world:
+        warnings.append("random generator state not restored (world size changed): dropout masks differ")
+    return ResumeReport(record.step, paths.root, record, sample_exact, resume.same_world, warnings)
+
+
+def _load_weights(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> dict[str, int]:
+    """The weights from the container the manifest chooses; returns the DCP bytes read per file."""
+    peft = trainable is not None
+    chosen = manifest.choose(manifest.weights_inputs(peft), paths)
+    if chosen is None:
+        raise CheckpointError(manifest.no_weights_reason(paths, peft))
+    if chosen is manifest.MODEL_DCP:
+        return parts.load_model_dcp(s.parallel, paths, trainable)
+    parts.load_gathered_weights(s.parallel, paths.root / chosen.path, trainable)
+    return {}
+
+
+def _load_optimizer(s: TrainingState, paths: StepPaths, record: TrainingStep) -> dict[str, int]:
+    """The optimizer state from the container the manifest chooses; returns the DCP bytes read per file."""
+    chosen = manifest.choose(manifest.optimizer_inputs(), paths)
+    if chosen is None:
+        raise CheckpointError(manifest.no_optimizer_reason(paths, bool(record.sharded)))
+    if chosen is manifest.OPTIMIZER_DCP:
+        return parts.load_optimizer_dcp(s.parallel, s.optimizer, paths)
+    parts.load_flat_optimizer(s.parallel, s.optimizer, paths)
+    return {}
+
+
+def _write_audit(s: TrainingState, paths: StepPaths, reads: dict[str, int]) -> None:
+    """``resume_audit/rank<R>.json``: what this rank read and now holds (``reshard-plan``'s measured side)."""
+    payload = {
+        "rank": s.env.rank,
+        "world_size": s.env.world_size,
+        "dp_replicate": s.parallel.dp_replicate,
+        "dp_shard": s.parallel.dp_shard,
+        "source": str(paths.root),
+        "read": dict(sorted(reads.items())),
+        "resident": resident_bytes(s.parallel.inner, s.optimizer),
+    }
+    write_audit(Path(str(s.cfg.output_dir)) / "resume_audit" / f"rank{s.env.rank}.json", payload)

@@ -1,0 +1,34 @@
+"""The live objects a checkpoint captures and a resume restores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.data.processors import Pipeline
+from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.precision import PrecisionPlan
+from ckpt_tools.train.parallel.wrap import ParallelModel
+
+
+@dataclass
+class TrainingState:
+    """Everything a checkpoint captures, as live objects."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    parallel: ParallelModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: Any
+    sampler: GlobalOrderSampler
+    precision: PrecisionPlan
+    preprocessor: Pipeline
+    postprocessor: Pipeline
+    peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
+    step: int = 0
+    optimizer_steps: int = 0

@@ -99,7 +99,7 @@ SPECIAL_FILE_CASES = [
     ("training_state/training_step.json", True, True),
     ("pretrained_model/train_config.json", True, True),
     ("pretrained_model/model.safetensors", True, False),  # the resume loads the DCP shards instead
-    ("training_state/scheduler_state.json", False, True),  # optional for inspect, always read on resume
+    ("training_state/scheduler_state.json", True, True),  # every resumable checkpoint holds it; always read
     ("pretrained_model/policy_preprocessor_step_0_normalizer_processor.safetensors", False, False),
     ("training_state/optimizer_0/.metadata", True, True),
 ]

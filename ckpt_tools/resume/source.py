@@ -25,7 +25,6 @@ from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 
 
-
 @dataclass(frozen=True)
 class SavedTensor:
     """A tensor the checkpoint holds for the resumed model (a parameter or an optimizer slot)."""

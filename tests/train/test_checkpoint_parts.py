@@ -52,7 +52,7 @@ def test_scheduler_state_round_trip(tmp_path: Path) -> None:
 def test_scaler_state_round_trip_and_a_missing_one(tmp_path: Path) -> None:
     paths = step_paths(tmp_path)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    with pytest.raises(CheckpointError, match="scaler_state.json: missing; --accelerator.mixed_precision=fp16"):
+    with pytest.raises(CheckpointError, match=r"scaler_state\.json: missing; --accelerator\.mixed_precision=fp16"):
         parts.load_scaler_state(scaler, paths)
     parts.save_scaler_state({**scaler.state_dict(), "scale": 64.0}, paths)
     parts.load_scaler_state(scaler, paths)
@@ -64,7 +64,7 @@ def test_training_step_round_trip_and_the_resumability_refusal(tmp_path: Path) -
     record = TrainingStep(step=4, samples_seen=32, topology=Topology(2, 2, 1), sharded=False)
     parts.save_training_step(record, paths)
     assert parts.load_training_step(paths).samples_seen == 32
-    with pytest.raises(LegacyCheckpoint, match="0.6.x-era checkpoint"):
+    with pytest.raises(LegacyCheckpoint, match=r"0\.6\.x-era checkpoint"):
         parts.load_training_step(StepPaths(REPO / "fixtures" / "legacy_0_6_x"))
 
 

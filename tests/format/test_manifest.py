@@ -147,6 +147,15 @@ def test_dcp_optimizer_wins_over_the_flat_files(tmp_path: Path) -> None:
     assert M.choose(M.optimizer_inputs(), step) is M.OPTIMIZER_DCP
 
 
+def test_the_dcp_inputs_are_the_chosen_dcp_containers(tmp_path: Path) -> None:
+    step = StepPaths(tmp_path)
+    touch(tmp_path, "pretrained_model/model.safetensors", "training_state/optimizer_0/.metadata")
+    (tmp_path / "pretrained_model/pytorch_model_fsdp_0").mkdir()  # no .metadata: not read, not checked
+    assert M.dcp_inputs(step) == (M.OPTIMIZER_DCP,)
+    touch(tmp_path, "pretrained_model/pytorch_model_fsdp_0/.metadata")
+    assert M.dcp_inputs(step) == (M.MODEL_DCP, M.OPTIMIZER_DCP)
+
+
 def test_the_reasons_say_what_is_missing(tmp_path: Path) -> None:
     step = StepPaths(tmp_path)
     assert "neither pytorch_model_fsdp_0/ nor adapter_model.safetensors" in M.no_weights_reason(step, peft=True)

@@ -15,7 +15,7 @@ from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.train.checkpoint import parts
 from ckpt_tools.train.checkpoint.save_job import SaveJob
-from devtools.procs import REPO
+from devtools.training import LEGACY_CHECKPOINT
 
 
 def step_paths(tmp_path: Path) -> StepPaths:
@@ -65,7 +65,7 @@ def test_training_step_round_trip_and_the_resumability_refusal(tmp_path: Path) -
     parts.save_training_step(record, paths)
     assert parts.load_training_step(paths).samples_seen == 32
     with pytest.raises(LegacyCheckpoint, match=r"0\.6\.x-era checkpoint"):
-        parts.load_training_step(StepPaths(REPO / "fixtures" / "legacy_0_6_x"))
+        parts.load_training_step(StepPaths(LEGACY_CHECKPOINT))
 
 
 def test_adapter_names_load_back_onto_the_live_parameters() -> None:

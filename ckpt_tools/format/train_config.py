@@ -116,6 +116,27 @@ class SavedConfig:
         return isinstance(self.raw.get("peft"), dict)
 
     @property
+    def peft_method(self) -> str | None:
+        return _str(self.raw, "peft.method_type")
+
+    @property
+    def peft_r(self) -> int | None:
+        return _int(self.raw, "peft.r")
+
+    @property
+    def policy_type(self) -> str | None:
+        return _str(self.raw, "policy.type")
+
+    @property
+    def seed(self) -> int | None:
+        return _int(self.raw, "seed")
+
+    @property
+    def license(self) -> str | None:
+        """The license a model card states: the policy's, else a top-level one."""
+        return _str(self.raw, "policy.license") or _str(self.raw, "license")
+
+    @property
     def ignored_modules(self) -> str | None:
         return _str(self.raw, "accelerator.fsdp.ignored_modules")
 
@@ -145,8 +166,8 @@ class SavedConfig:
             ignored_modules=self.ignored_modules,
             mixed_precision_policy=self.mixed_precision_policy,
             peft=self.peft,
-            peft_method=_str(raw, "peft.method_type"),
-            peft_r=_int(raw, "peft.r"),
+            peft_method=self.peft_method,
+            peft_r=self.peft_r,
             policy_path=self.policy_path,
             dp_replicate=self.dp_replicate,
             dp_shard=self.dp_shard,

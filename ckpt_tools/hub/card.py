@@ -20,7 +20,9 @@ from pathlib import Path, PurePath, PureWindowsPath
 from typing import Any
 
 from ckpt_tools.format import layout
-from ckpt_tools.format.record import BatchFactorization, TrainingStep, read_training_step
+from ckpt_tools.format.manifest import is_peft
+from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, read_training_step
+from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.hub.files import PublishPlan
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.units import human_bytes, human_count
@@ -32,32 +34,26 @@ _LOCAL_PATH_MASK = "<local path>"
 
 def build_model_card(plan: PublishPlan, *, repo_id: str, secrets: tuple[str, ...] = ()) -> str:
     """The Markdown model card (YAML front matter + body) for publishing ``plan`` as ``repo_id``."""
-    config = _read_json_object(plan.folder / layout.TRAIN_CONFIG)
+    config_path = plan.folder / layout.TRAIN_CONFIG
+    config = read_saved_config(config_path) if config_path.is_file() else None
     policy = _read_json_object(plan.folder / layout.POLICY_CONFIG)
     adapter = _read_json_object(plan.folder / layout.ADAPTER_CONFIG)
     step = read_training_step(plan.training_step_path) if plan.training_step_path else None
     facts = _Facts(config, policy, adapter, step, plan)
     text = _front_matter(facts) + _body(facts, repo_id)
-    return _scrub(text, [config, policy, adapter, str(plan.folder.resolve()), str(Path.home())], secrets)
+    return _scrub(
+        text, [config.raw if config else {}, policy, adapter, str(plan.folder.resolve()), str(Path.home())], secrets
+    )
 
 
 def public_name(value: str) -> str:
     """``value`` if it is safe to show publicly (a Hub id, a plain name); a local path becomes its basename."""
     if _HUB_ID_RE.match(value) and ".." not in value and not Path(value).exists():
         return value
-    if _looks_like_path(value):
+    if _is_absolute(value) or "/" in value or "\\" in value:
         name = PureWindowsPath(value).name if "\\" in value else PurePath(value).name
         return f"{name or '?'} (local path)"
     return value
-
-
-def _looks_like_path(value: str) -> bool:
-    return (
-        value.startswith(("/", "~", "./", "../", "\\"))
-        or bool(re.match(r"^[A-Za-z]:[\\/]", value))
-        or "/" in value
-        or "\\" in value
-    )
 
 
 class _Facts:
@@ -65,24 +61,22 @@ class _Facts:
 
     def __init__(
         self,
-        config: dict[str, Any],
+        config: SavedConfig | None,
         policy: dict[str, Any],
         adapter: dict[str, Any],
         step: TrainingStep | None,
         plan: PublishPlan,
     ) -> None:
-        self.config, self.adapter, self.step, self.plan = config, adapter, step, plan
+        # No train_config.json (a bare convert output): every config fact reads as unknown.
+        self.config = config or SavedConfig(plan.folder / layout.TRAIN_CONFIG, {})
+        self.adapter, self.step, self.plan = adapter, step, plan
         # train_config.json says what ran; a bare convert output may only have the policy's config.json.
-        self.policy_type = _str(_get(config, "policy.type")) or _str(policy.get("type"))
-        peft_cfg = _get(config, "peft")
-        self.peft = isinstance(peft_cfg, dict) or bool(step and step.peft) or bool(adapter)
-        self.peft_method = _str(_get(config, "peft.method_type")) or ("LORA" if adapter else None)
-        self.dataset_id = _str(_get(config, "dataset.repo_id"))
-        self.dataset_root = _str(_get(config, "dataset.root"))
-
-    @property
-    def license(self) -> str | None:
-        return _str(_get(self.config, "policy.license")) or _str(_get(self.config, "license"))
+        self.policy_type = self.config.policy_type or _str(policy.get("type"))
+        self.peft = is_peft(plan.folder, config=config, record=step)
+        self.peft_method = self.config.peft_method or ("LORA" if adapter else None)
+        self.dataset_id = self.config.dataset_repo_id or None
+        self.dataset_root = self.config.dataset_root or None
+        self.license = self.config.license or None
 
     @property
     def public_dataset(self) -> str | None:
@@ -114,10 +108,9 @@ class _Facts:
         yield "PEFT", self._peft()
         yield "Checkpoint format", self._format()
         yield "Parameters", self._parameters()
-        seed = _get(self.config, "seed")
-        if isinstance(seed, int):
-            yield "Seed", str(seed)
-        init = _str(_get(self.config, "policy.path"))
+        if self.config.seed is not None:
+            yield "Seed", str(self.config.seed)
+        init = self.config.policy_path
         if init:
             yield "Initialized from", f"`{public_name(init)}`"
         if self.step and self.step.versions:
@@ -131,40 +124,44 @@ class _Facts:
         return "unknown"
 
     def _steps(self) -> str:
-        total = _int(_get(self.config, "steps"))
+        total = self.config.steps
         if self.step is not None:
             return f"{self.step.step}" + (f" of {total} planned" if total is not None else "")
         return str(total) if total is not None else "unknown"
 
+    def _config_topology(self) -> Topology | None:
+        """The mesh train_config.json fixes on its own (R×S > 1); 1×1 or dp_shard=-1 follow the launch."""
+        r, s = self.config.dp_replicate, self.config.dp_shard
+        if r is None or s is None or r < 1 or s < 1 or r * s == 1:
+            return None
+        return Topology(world_size=r * s, dp_replicate=r, dp_shard=s)
+
     def _batch(self) -> str:
         if self.step is not None and self.step.batch is not None:
             return self.step.batch.describe()
-        batch = _int(_get(self.config, "batch_size"))
-        accum = _int(_get(self.config, "accelerator.gradient_accumulation.steps")) or 1
-        r, s = _int(_get(self.config, "parallelism.dp_replicate")), _int(_get(self.config, "parallelism.dp_shard"))
+        batch, accum = self.config.batch_size, self.config.grad_accum_steps or 1
         if batch is None:
             return "unknown"
-        if r and s and r * s > 1:
-            return BatchFactorization(batch, r * s, accum).describe()
+        topology = self._config_topology()
+        if topology is not None:
+            return BatchFactorization(batch, topology.dp_world_size, accum).describe()
         return f"batch_size {batch} per worker × grad_accum {accum} (number of workers not recorded)"
 
     def _layout(self) -> str:
         if self.step is not None and self.step.topology is not None:
             return self.step.topology.describe()
-        r = _get(self.config, "parallelism.dp_replicate")
-        s = _get(self.config, "parallelism.dp_shard")
-        if not isinstance(r, int) or not isinstance(s, int):
-            return "unknown"
+        topology = self._config_topology()
+        if topology is not None:
+            return topology.describe()
+        r, s = self.config.dp_replicate, self.config.dp_shard
         if s == -1:
             return f"sharded over all launched processes (dp_replicate={r}, dp_shard=-1)"
-        if s > 1:
-            return f"HSDP over {r}×{s} (dp_replicate×dp_shard)" if r > 1 else f"FSDP over {s} shards"
-        return f"DDP over {r} replicas" if r > 1 else "DDP or single process"
+        if r == 1 and s == 1:
+            return "DDP or single process"
+        return "unknown"
 
     def _precision(self) -> str:
-        mode = (self.step.mixed_precision if self.step else None) or _str(
-            _get(self.config, "accelerator.mixed_precision")
-        )
+        mode = (self.step.mixed_precision if self.step else None) or self.config.mixed_precision
         text = {
             "no": "fp32 (no mixed precision)",
             "bf16": "bf16 mixed precision",
@@ -176,12 +173,12 @@ class _Facts:
     def _peft(self) -> str:
         if not self.peft:
             return "no (full weights)"
-        rank = _int(_get(self.config, "peft.r")) or _int(self.adapter.get("r"))
+        rank = self.config.peft_r or _int(self.adapter.get("r"))
         text = f"{self.peft_method or 'yes'}" + (f" (r={rank})" if rank else "")
         return text + (f", base model `{self.base_model}`" if self.base_model else "")
 
     def _format(self) -> str:
-        fmt = _str(_get(self.config, "checkpoint_format")) or (self.step.checkpoint_format if self.step else None)
+        fmt = self.config.checkpoint_format or (self.step.checkpoint_format if self.step else None)
         published = ", ".join(f"`{f.name}`" for f in self.plan.weights)
         return f"{fmt or 'unknown'} (published: {published})"
 
@@ -270,15 +267,6 @@ def _read_json_object(path: Path) -> dict[str, Any]:
         return {}
     data: dict[str, Any] = read_json_file(path, want_object=True)
     return data
-
-
-def _get(data: dict[str, Any], dotted: str) -> Any:
-    value: Any = data
-    for part in dotted.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
 
 
 def _str(value: Any) -> str | None:

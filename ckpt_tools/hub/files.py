@@ -22,6 +22,7 @@ from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.st.header import MAX_HEADER_BYTES, read_header
+from ckpt_tools.st.index import read_index
 
 PUBLISHED_SUFFIXES = (".safetensors", ".json", ".md")
 README = "README.md"
@@ -186,10 +187,7 @@ def _check_index(plan: PublishPlan) -> None:
     for f in plan.files:
         if not f.name.endswith(".safetensors.index.json"):
             continue
-        index = read_json_file(f.path)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{f.path}: no 'weight_map' object; refusing to publish an unusable index")
+        weight_map = read_index(f.path)
         missing = sorted({str(v) for v in weight_map.values()} - names)
         if missing:
             raise CheckpointError(

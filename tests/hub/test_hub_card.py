@@ -10,6 +10,7 @@ from huggingface_hub import ModelCard
 
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout
+from ckpt_tools.format.record import Topology
 from ckpt_tools.hub import build_model_card, plan_publish
 from ckpt_tools.hub.card import public_name
 from tests.support.hub_data import make_step_dir
@@ -57,6 +58,17 @@ def test_without_training_step_the_layout_and_batch_come_from_the_config(tmp_pat
     assert "| Layout | HSDP over 2×2 (dp_replicate×dp_shard) |" in card
     assert "effective batch 64 = batch_size 8 × dp_world_size 4 × grad_accum 2" in card
     assert "| Steps | 5000 |" in card
+
+
+def test_a_config_only_fsdp_mesh_reads_as_the_training_step_record_would(tmp_path: Path) -> None:
+    step = make_step_dir(tmp_path, with_training_step=False)
+    pm = step.pretrained_model
+    config = json.loads((pm / layout.TRAIN_CONFIG).read_text())
+    config["parallelism"] = {"dp_replicate": 1, "dp_shard": 4}
+    (pm / layout.TRAIN_CONFIG).write_text(json.dumps(config))
+    card = _card(pm)
+    assert f"| Layout | {Topology(world_size=4, dp_replicate=1, dp_shard=4).describe()} |" in card
+    assert "dp_world_size 4" in card
 
 
 def test_peft_card_names_the_adapter_and_hides_a_local_base_model_path(tmp_path: Path) -> None:

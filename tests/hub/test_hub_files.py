@@ -13,6 +13,7 @@ from safetensors.numpy import save_file
 from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout
 from ckpt_tools.hub import check_repo_id, plan_publish, resolve_publish_folder
+from ckpt_tools.inspect import inspect_path
 from devtools.procs import run_cli
 from tests.support.hub_data import PUBLISHED, PUBLISHED_PEFT, make_step_dir
 
@@ -82,6 +83,20 @@ def test_sharded_index_naming_a_missing_shard_is_refused(tmp_path: Path) -> None
         plan_publish(tmp_path)
     save_file({"b": np.zeros(3, np.float32)}, str(tmp_path / "model-00002-of-00002.safetensors"))
     assert len(plan_publish(tmp_path).weights) == 2
+
+
+def test_push_and_inspect_refuse_a_shard_name_that_is_a_path(tmp_path: Path) -> None:
+    """One index reader: a shard outside the folder is refused by push and failed by inspect alike."""
+    pm = tmp_path / layout.PRETRAINED_MODEL_DIR
+    pm.mkdir()
+    save_file({"a": np.zeros(3, np.float32)}, str(pm / "model-00001-of-00001.safetensors"))
+    index = {"metadata": {}, "weight_map": {"a": "../model-00001-of-00001.safetensors"}}
+    (pm / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="is not a plain file name") as refused:
+        plan_publish(pm)
+    report = inspect_path(pm)
+    assert not report.healthy
+    assert str(refused.value) in [c.message for c in report.checks if c.status == "fail"]
 
 
 def test_malformed_json_is_refused(tmp_path: Path) -> None:

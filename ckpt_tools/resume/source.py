@@ -19,6 +19,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.peft_keys import saved_adapter_key
+from ckpt_tools.format.policy_path import locate_policy
 from ckpt_tools.format.record import TrainingStep, read_training_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.st import dtypes
@@ -212,10 +213,14 @@ def _base_model(source: ResumeSource) -> None:
         source.notes.append("PEFT run without --policy.path: no base model to count (the resume refuses it)")
         return
     try:
-        base = L.pretrained_model_dir(path) / L.MODEL_WEIGHTS  # as the resume resolves --policy.path
+        located = locate_policy(path)  # as the resume resolves --policy.path
     except CkptError as e:
-        source.notes.append(f"PEFT base {path}: {e}; its memory is not counted")
+        source.notes.append(f"PEFT base {e}; its memory is not counted")
         return
+    if not isinstance(located, Path):
+        source.notes.append(f"PEFT base {path}: a Hub id, not read here; its memory is not counted")
+        return
+    base = located / manifest.gathered_weights(peft=False).name  # the full model a PEFT run adapts
     try:
         header = read_header(base)
     except CkptError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ckpt_tools.errors import CheckpointError, ConfigError
 from ckpt_tools.format import layout
+from ckpt_tools.format.policy_path import locate_policy, policy_weights
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
@@ -21,21 +22,17 @@ from ckpt_tools.train.policies.base import PreTrainedPolicy, load_weights
 
 def resolve_policy_dir(path: str) -> Path:
     """A local directory (a step, ``last``, a run dir: that step's pretrained_model/) or a Hub model id."""
-    if Path(path).expanduser().exists():
-        try:
-            local = layout.pretrained_model_dir(path)
-        except CheckpointError as e:  # a checkpoints root without a usable `last`
-            raise ConfigError(f"--policy.path={e}") from None
-        if not local.is_dir():
-            raise ConfigError(f"--policy.path={path}: not a directory")
-        return local
-    if path.count("/") != 1:
-        raise ConfigError(f"--policy.path={path}: no such directory (and not a Hub id like user/name)")
+    try:
+        located = locate_policy(path)
+    except CheckpointError as e:
+        raise ConfigError(f"--policy.path={e}") from None
+    if isinstance(located, Path):
+        return located
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(path, repo_type="model"))
+        return Path(snapshot_download(located, repo_type="model"))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise ConfigError(f"--policy.path={path}: could not be fetched from the Hub ({type(e).__name__})") from None
 
@@ -53,9 +50,10 @@ def saved_policy_config(directory: Path) -> dict[str, Any]:
 def load_pretrained_into(
     policy: PreTrainedPolicy, directory: Path, pre: Pipeline, post: Pipeline
 ) -> tuple[Pipeline, Pipeline]:
-    if (directory / layout.MODEL_WEIGHTS).exists():
-        load_weights(policy, directory / layout.MODEL_WEIGHTS)
-    elif (directory / layout.ADAPTER_WEIGHTS).exists():
+    weights = policy_weights(directory)
+    if weights is not None and not weights.adapter:
+        load_weights(policy, weights.path)
+    elif weights is not None:
         _load_merged_adapter(policy, directory)
     elif (directory / layout.MODEL_DCP_DIR).is_dir():
         raise ConfigError(
@@ -79,7 +77,8 @@ def adapter_base_path(directory: Path) -> Path:
     if not base:
         raise ConfigError(f"{config}: records no base_model_name_or_path")
     base_dir = resolve_policy_dir(str(base))
-    if not (base_dir / layout.MODEL_WEIGHTS).exists():
+    weights = policy_weights(base_dir)
+    if weights is None or weights.adapter:
         raise ConfigError(f"{config}: base model {base} has no {layout.MODEL_WEIGHTS}")
     return base_dir
 
@@ -87,6 +86,8 @@ def adapter_base_path(directory: Path) -> Path:
 def _load_merged_adapter(policy: PreTrainedPolicy, directory: Path) -> None:
     from peft import PeftModel
 
-    load_weights(policy, adapter_base_path(directory) / layout.MODEL_WEIGHTS)
+    base = policy_weights(adapter_base_path(directory))
+    assert base is not None  # adapter_base_path checked it
+    load_weights(policy, base.path)
     merged = PeftModel.from_pretrained(policy, str(directory)).merge_and_unload()
     policy.load_state_dict(merged.state_dict())

@@ -74,3 +74,35 @@ def test_adapter_names_load_back_onto_the_live_parameters() -> None:
     assert set(parts.peft_keys_to_model_keys(saved, live)) == live
     with pytest.raises(CheckpointError, match="which the current PEFT model does not have"):
         parts.peft_keys_to_model_keys({"base_model.model.y.lora_A.weight": torch.zeros(1)}, live)
+
+
+@pytest.mark.parametrize("groups", ['{"param_groups": 3}', '{"param_groups": [{"lr": 0.1}]}', "[1, 2]", "{"])
+def test_a_malformed_param_groups_file_is_the_same_line_for_the_trainer_and_verify_resume(
+    tmp_path: Path, groups: str
+) -> None:
+    from safetensors.torch import save_file
+
+    from ckpt_tools.format.record import Layout
+    from ckpt_tools.resume.checks.state import _optimizer
+    from ckpt_tools.resume.source import load_source
+    from ckpt_tools.train.checkpoint.state_dicts import write_flat_optimizer
+    from ckpt_tools.train.parallel.wrap import ParallelModel
+
+    paths = step_paths(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(paths.model_weights))
+    parts.save_training_step(TrainingStep(step=1, samples_seen=8, topology=Topology(1, 1, 1), sharded=False), paths)
+    osd = {
+        "state": {"weight": {"exp_avg": torch.zeros(2, 2), "exp_avg_sq": torch.zeros(2, 2), "step": torch.tensor(1.0)}},
+        "param_groups": [{"params": ["weight", "bias"], "lr": 0.1}],
+    }
+    write_flat_optimizer(osd, paths.optimizer_state, paths.optimizer_param_groups)
+    paths.optimizer_param_groups.write_text(groups)
+
+    parallel = ParallelModel(model, model, Layout.DDP, 1, 1)
+    with pytest.raises(CheckpointError) as trainer:
+        parts.load_flat_optimizer(parallel, torch.optim.AdamW(model.parameters()), paths)
+    checks = {c.name: c for c in _optimizer(load_source(paths))}
+    assert checks["optimizer-coverage"].status == "fail"
+    assert checks["optimizer-coverage"].message == str(trainer.value)
+    assert str(trainer.value).startswith(f"{paths.optimizer_param_groups}: ")

@@ -225,6 +225,11 @@ def _fitting(world_size: int) -> tuple[Fix, ...]:
     return Fix((("dp_replicate", 1), ("dp_shard", world_size)), "FSDP"), Fix(one.settings, "DDP")
 
 
+def saved_format(fmt: CheckpointFormat, sharded: bool) -> CheckpointFormat:
+    """The format a run saves in: a non-sharded run has nothing to shard, so it saves one safetensors file."""
+    return fmt if sharded else CheckpointFormat.SAFETENSORS
+
+
 def world_refusals(s: RunSettings, world_size: int) -> tuple[Mesh | None, list[Refusal]]:
     """The mesh ``world_size`` processes build from ``s`` (None: refused) and what the world size refuses.
 
@@ -240,13 +245,15 @@ def world_refusals(s: RunSettings, world_size: int) -> tuple[Mesh | None, list[R
     sharded = mesh[1] > 1
     if not sharded:
         fmt = s.checkpoint_format
-        if fmt is not None and fmt in CHECKPOINT_FORMATS and fmt != CheckpointFormat.SAFETENSORS.value:
-            out.append(
-                Refusal(
-                    f"--checkpoint_format={fmt}: DCP shards need a sharded run (--parallelism.dp_shard > 1)",
-                    (Fix((("checkpoint_format", CheckpointFormat.SAFETENSORS.value),), "what non-sharded runs save"),),
+        if fmt is not None and fmt in CHECKPOINT_FORMATS:
+            saved = saved_format(CheckpointFormat(fmt), sharded)
+            if saved.value != fmt:
+                out.append(
+                    Refusal(
+                        f"--checkpoint_format={fmt}: DCP shards need a sharded run (--parallelism.dp_shard > 1)",
+                        (Fix((("checkpoint_format", saved.value),), "what non-sharded runs save"),),
+                    )
                 )
-            )
         if s.mixed_precision_policy:
             out.append(
                 Refusal(

@@ -14,6 +14,7 @@ from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import dataset
 from ckpt_tools.format import layout as L
+from ckpt_tools.format.policy_path import locate_policy, policy_weights
 from ckpt_tools.format.record import BatchFactorization
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.scaling import linear_scaling
@@ -138,17 +139,16 @@ def _pretrained(source: ResumeSource) -> list[Check]:
 
 
 def _policy_dir(name: str, path: str, what: str, role: str) -> Check:
-    if Path(path).expanduser().exists():
-        try:
-            directory = L.pretrained_model_dir(path)  # as the resume resolves --policy.path
-        except CkptError as e:
-            return Check.fail(name, f"{what} {path}: {e}")
-        if (directory / L.MODEL_WEIGHTS).exists() or (directory / L.ADAPTER_WEIGHTS).exists():
-            return Check.ok(name, f"{what} {path}: the weights {role}")
-        return Check.fail(name, f"{what} {path}: no {L.MODEL_WEIGHTS} there, the weights {role}")
-    if path.count("/") == 1 and not path.startswith(("/", ".", "~")):
+    """Whether the trainer will find the weights where ``path`` points (resolved as it resolves --policy.path)."""
+    try:
+        located = locate_policy(path)
+    except CkptError as e:
+        return Check.fail(name, f"{what} {e} - it holds the weights {role}")
+    if not isinstance(located, Path):
         return Check.ok(name, f"{what} {path}: a Hub id, resolved through the Hugging Face cache at start-up")
-    return Check.fail(name, f"{what} {path}: no such directory (it holds the weights {role})")
+    if policy_weights(located) is not None:
+        return Check.ok(name, f"{what} {path}: the weights {role}")
+    return Check.fail(name, f"{what} {path}: no {L.MODEL_WEIGHTS} there, the weights {role}")
 
 
 def _adapter_config(source: ResumeSource) -> Check:

@@ -14,9 +14,10 @@ from pathlib import Path
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import manifest
+from ckpt_tools.format.param_groups import read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import unresumable_reason
-from ckpt_tools.io.safe_read import read_json, read_json_file
+from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
 from ckpt_tools.st.header import read_header
@@ -135,10 +136,9 @@ def _flat_groups(source: ResumeSource, optimizer: Container) -> Check | None:
     """``optimizer_param_groups.json`` names every parameter that has state (the loader splits keys by it)."""
     path = source.paths.optimizer_param_groups
     try:
-        groups = read_json(path)["param_groups"]
-        names = {n for g in groups for n in g["params"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return Check.fail("optimizer-coverage", f"{_rel(source, path)}: not a valid param-groups file")
+        names = set(read_param_groups(path).names)
+    except CkptError as e:
+        return Check.fail("optimizer-coverage", str(e))  # the line the trainer's load stops with
     unknown = sorted(n for n in source.optimizer_state if n not in names)
     if unknown:
         key = next(iter(source.optimizer_state[unknown[0]].values())).key

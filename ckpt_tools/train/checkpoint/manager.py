@@ -27,8 +27,8 @@ import torch.distributed as dist
 from ckpt_tools import __version__
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout
-from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
@@ -230,22 +230,23 @@ class CheckpointManager:
 
     def record(self, step: int) -> TrainingStep:
         s = self.state
+        topology = Topology(
+            world_size=s.env.world_size,
+            dp_replicate=s.parallel.dp_replicate,
+            dp_shard=s.parallel.dp_shard,
+            nnodes=s.env.nnodes,
+        )
         return TrainingStep(
             step=step,
             samples_seen=s.sampler.samples_seen,
             optimizer_steps=s.optimizer_steps,
-            dp_world_size=s.parallel.dp_replicate * s.parallel.dp_shard,
+            dp_world_size=topology.dp_world_size,
             batch_size=s.cfg.batch_size,
             grad_accum_steps=s.cfg.grad_accum_steps,
             mixed_precision=s.cfg.accelerator.mixed_precision,
             mixed_precision_policy=s.precision.record(),
-            checkpoint_format=(s.cfg.format if s.parallel.sharded else CheckpointFormat.SAFETENSORS).value,
-            topology=Topology(
-                world_size=s.env.world_size,
-                dp_replicate=s.parallel.dp_replicate,
-                dp_shard=s.parallel.dp_shard,
-                nnodes=s.env.nnodes,
-            ),
+            checkpoint_format=saved_format(s.cfg.format, s.parallel.sharded).value,
+            topology=topology,
             sampler=s.sampler.position(),
             sharded=s.parallel.sharded,
             peft=s.peft_model is not None,

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
+from ckpt_tools.format.param_groups import param_groups_document, read_param_groups
 from ckpt_tools.io.fsutil import write_json_atomic
-from ckpt_tools.io.safe_read import read_json
 from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.parallel.wrap import ParallelModel
 
@@ -80,25 +80,25 @@ def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: P
             else:
                 scalars[flat] = value
     save_state_dict(tensors, tensors_path)
-    write_json_atomic(groups_path, {"param_groups": osd["param_groups"], "scalars": scalars})
+    write_json_atomic(groups_path, param_groups_document(osd["param_groups"], scalars))
 
 
 def load_flat_optimizer(
     parallel: ParallelModel, optimizer: torch.optim.Optimizer, tensors_path: Path, groups_path: Path
 ) -> None:
+    groups = read_param_groups(groups_path)  # CheckpointError: one line naming the file
     try:
         tensors = load_file(str(tensors_path))
-        groups = read_json(groups_path)
     except FileNotFoundError as e:
         raise CheckpointError(f"{e.filename}: missing") from None
-    except Exception as e:  # damaged safetensors / JSON
+    except Exception as e:  # damaged safetensors
         raise CheckpointError(f"{tensors_path.parent}: unreadable optimizer state ({e})") from None
-    param_names = [n for g in groups["param_groups"] for n in g["params"]]
+    param_names = groups.names
     state: dict[str, dict[str, Any]] = {n: {} for n in param_names}
-    for flat, value in list(tensors.items()) + list(groups.get("scalars", {}).items()):
+    for flat, value in list(tensors.items()) + list(groups.scalars.items()):
         name, key = _split_flat(flat, param_names)
         state[name][key] = value
-    osd = {"state": {k: v for k, v in state.items() if v}, "param_groups": groups["param_groups"]}
+    osd = {"state": {k: v for k, v in state.items() if v}, "param_groups": groups.groups}
     set_optimizer_state_dict(parallel.inner, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 

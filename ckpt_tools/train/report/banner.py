@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ckpt_tools.format.record import BatchFactorization, Topology
 from ckpt_tools.format.rules.scaling import linear_scaling
+from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.parallel.precision import PrecisionPlan
 from ckpt_tools.train.parallel.wrap import ParallelModel
@@ -44,7 +45,7 @@ def banner_lines(
         lr_line += f" - from 1 process, {scaling.describe()}"
     lines.append(lr_line)
     if cfg.save_checkpoint:
-        fmt = cfg.checkpoint_format if parallel.sharded else "safetensors"
+        fmt = saved_format(cfg.format, parallel.sharded).value
         lines.append(f"  checkpoints every {cfg.save_freq} steps → {cfg.output_dir}/checkpoints (format {fmt})")
     lines.extend(f"  note        {note}" for note in parallel.notes)
     return lines

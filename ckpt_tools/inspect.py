@@ -31,6 +31,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep, read_training_step
+from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 from ckpt_tools.st.index import read_index
@@ -216,14 +217,10 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
     summary = record.unknown_summary()
     if summary and not record.is_legacy:
         report.notes.append(summary)
-    if record.is_legacy:
-        report.checks.append(
-            Check.warn(
-                "resumable layout",
-                "0.6.x-era checkpoint (num_processes, no topology, no optimizer_0/): its weights load as a"
-                " pretrained policy, its training state cannot be resumed",
-            )
-        )
+    has_optimizer = manifest.choose(manifest.optimizer_inputs(), paths) is not None
+    refusal = unresumable_reason(paths, record, has_optimizer=has_optimizer)
+    if record.is_legacy and refusal:  # the line verify-resume and the trainer refuse it with; its weights are fine
+        report.checks.append(Check.warn("resumable layout", refusal))
     report.checks.append(Check.ok("training_step.json", f"step {record.step}"))
     return record
 
@@ -391,9 +388,7 @@ def _inspect_dcp(
         Check.judge(
             f"{rel} chunks",
             not problems,
-            "; ".join(p.message for p in problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
-            if problems
-            else "every chunk inside its file; chunks tile every tensor exactly",
+            validate.summary(problems) if problems else "every chunk inside its file; chunks tile every tensor exactly",
         )
     )
     if not problems:
@@ -441,7 +436,7 @@ def _archive_check(index: ChunkIndex, rel: str) -> Check:
     """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data."""
     found = validate.archive_problems(index)
     if found:
-        return Check.fail(f"{rel} chunk data", found[0].message)
+        return Check.fail(f"{rel} chunk data", validate.summary(found))
     chunks = sum(len(e.chunks) for e in index.tensors.values())
     items = f" and {len(index.byte_items)} non-tensor items are plain data" if index.byte_items else ""
     return Check.ok(f"{rel} chunk data", f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")

@@ -14,9 +14,9 @@ directory here first, torch-free, from ``.metadata`` and archive headers, never 
 - archives: each chunk's torch.save archive parses and holds the dtype and shape
   ``.metadata`` promises; each non-tensor item is plain data (torch's loader unpickles it).
 
-The checks return :class:`Problem` values, so each caller words its own verdict: ``inspect``
-lists them, the resume prediction reports them, ``convert-dcp`` and the trainer raise the
-first (:func:`require_valid`), with the same line ``inspect`` shows.
+The checks return :class:`Problem` values; every reader gives the same one line for them,
+:func:`summary`: ``inspect`` shows it as its failed check, ``verify-resume`` as its failed
+prediction, ``convert-dcp`` and the trainer raise it (:func:`require_valid`).
 """
 
 from __future__ import annotations
@@ -48,24 +48,35 @@ class Problem:
     def of(cls, error: CkptError) -> Problem:
         return cls(str(error), unsafe=isinstance(error, UnsafeCheckpoint))
 
-    def error(self) -> CheckpointError:
-        return UnsafeCheckpoint(self.message) if self.unsafe else CorruptCheckpoint(self.message)
+
+def summary(found: list[Problem]) -> str:
+    """The one line every reader gives for ``found`` (not empty): the first unsafe problem, else
+    the first, and how many more there are. Unsafe first: a shard read from outside the
+    checkpoint matters more than a hole a user could patch."""
+    first, *rest = sorted(found, key=lambda p: not p.unsafe)
+    return first.message + (f" (+{len(rest)} more)" if rest else "")
+
+
+def summary_error(found: list[Problem]) -> CheckpointError:
+    """:func:`summary` as the error a reader raises: unsafe when any problem is."""
+    line = summary(found)
+    return UnsafeCheckpoint(line) if any(p.unsafe for p in found) else CorruptCheckpoint(line)
 
 
 # ====================================================================== entry points
 
 
 def require_valid_dir(directory: str | os.PathLike[str]) -> ChunkIndex:
-    """Load ``directory``'s index and raise its first problem: what a reader does before any byte."""
+    """Load ``directory``'s index and raise its problems' summary: what a reader does before any byte."""
     index = ChunkIndex.load(directory)
     require_valid(problems(index))
     return index
 
 
 def require_valid(found: list[Problem]) -> None:
-    """Raise the first of ``found`` (unsafe ones first)."""
-    for problem in sorted(found, key=lambda p: not p.unsafe):
-        raise problem.error()
+    """Raise :func:`summary_error` of ``found``, if there is anything in it."""
+    if found:
+        raise summary_error(found)
 
 
 def problems(index: ChunkIndex) -> list[Problem]:

@@ -145,7 +145,8 @@ def _dcp(part: manifest.Part, directory: Path) -> Container:
         index = ChunkIndex.load(directory)
     except CkptError as e:
         return Container(part, directory, problems=[str(e)])
-    return Container(part, directory, index=index, problems=[p.message for p in validate.problems(index)])
+    found = validate.problems(index)
+    return Container(part, directory, index=index, problems=[validate.summary(found)] if found else [])
 
 
 def _safetensors(part: manifest.Part, file: Path) -> Container:

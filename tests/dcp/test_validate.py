@@ -26,6 +26,11 @@ from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.dcp.metadata import ChunkMeta, TensorMeta
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
+from ckpt_tools.format import layout as L
+from ckpt_tools.format.record import Topology, TrainingStep, training_step_json
+from ckpt_tools.inspect import inspect_path
+from ckpt_tools.resume.verify import verify_resume
+from ckpt_tools.train.checkpoint.safe_dcp import require_valid_dcp_inputs
 from devtools.reliability.fuzz_mutations import load_torch_metadata, save_torch_metadata
 from tests.support import dcp_damage as damage
 
@@ -217,3 +222,33 @@ def test_tiling_check_agrees_with_brute_force(raw: list) -> None:
     )
     covered = sum(c.numel for c in nonempty) == meta.numel
     assert (validate.tiling_problems("t", meta) == []) == (not overlap and covered)
+
+
+# ---------------------------------------------------------------------- one line for every reader
+
+
+def test_inspect_verify_resume_and_the_trainer_give_the_same_line_for_several_problems(tmp_path: Path) -> None:
+    """A chunk without a storage entry, then (later in the list) a shard read from another run:
+    every reader leads with the unsafe one and counts the other, in the one line :func:`validate.summary` gives."""
+    step = L.StepPaths(tmp_path / "run" / "checkpoints" / "000004")
+    damage.write_dcp(step.model_dcp, {"model.w": WEIGHT})
+    damage.write_dcp(step.optimizer_dcp, {"optimizer.state.w.exp_avg": WEIGHT})
+    record = TrainingStep(step=4, samples_seen=8, topology=Topology(2, 1, 2), sharded=True)
+    step.training_step.parent.mkdir(parents=True, exist_ok=True)
+    step.training_step.write_text(training_step_json(record))
+    md = load_torch_metadata(step.model_dcp)
+    del md.storage_data[MetadataIndex("model.w", torch.Size([0, 0]))]
+    save_torch_metadata(step.model_dcp, md)
+    unsafe = damage.shard_of_another_run(step.model_dcp, tmp_path / "other_run")
+    found = problems_of(step.model_dcp)
+    assert [p.unsafe for p in found] == [False, True]  # the unsafe one comes second in the list
+    line = f"{unsafe} (+1 more)"
+    assert validate.summary(found) == line
+
+    with pytest.raises(UnsafeCheckpoint) as raised:
+        require_valid_dcp_inputs(step)
+    assert str(raised.value) == line
+    inspected = [c.message for c in inspect_path(step.model_dcp).checks if c.failed]
+    assert inspected == [line]
+    verified = {c.name: c.message for c in verify_resume(step.root).failures}
+    assert verified["weights"] == f"{L.PRETRAINED_MODEL_DIR}/{L.MODEL_DCP_DIR}: {line}"

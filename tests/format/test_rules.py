@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 
-from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
-from ckpt_tools.format.record import BatchFactorization, layout_for
+from ckpt_tools.format import manifest
+from ckpt_tools.format.layout import StepPaths, flat_optimizer_key, split_flat_optimizer_key
+from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, layout_for
+from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import (
     ignored_regex,
@@ -276,3 +279,19 @@ def test_flat_optimizer_keys_round_trip_through_dotted_names() -> None:
         key = flat_optimizer_key(param, slot)
         assert key.startswith("state.") and split_flat_optimizer_key(key) == (param, slot)
     assert split_flat_optimizer_key("stray") == ("", "stray")  # no parameter: the loader refuses it
+
+
+def test_a_sharded_checkpoint_is_resumable_only_with_the_optimizer_state_the_loader_chooses(tmp_path: Path) -> None:
+    """``optimizer_0/`` without ``.metadata`` (its save did not complete) holds no optimizer state to read."""
+    step = StepPaths(tmp_path / "000004")
+    record = TrainingStep(step=4, samples_seen=8, topology=Topology(2, 1, 2), sharded=True)
+
+    def reason() -> str | None:
+        chosen = manifest.choose(manifest.optimizer_inputs(), step)
+        return unresumable_reason(step, record, has_optimizer=chosen is not None)
+
+    assert "optimizer_0: missing - this sharded checkpoint holds no optimizer state" in (reason() or "")
+    step.optimizer_dcp.mkdir(parents=True)
+    assert "optimizer_0: no .metadata (its save did not complete) - this sharded checkpoint" in (reason() or "")
+    (step.optimizer_dcp / ".metadata").touch()
+    assert reason() is None

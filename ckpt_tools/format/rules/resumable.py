@@ -17,17 +17,23 @@ from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
 
 
-def unresumable_reason(paths: StepPaths, record: TrainingStep) -> str | None:
-    """One line saying why ``paths`` can never be resumed, or None when its layout can."""
+def unresumable_reason(paths: StepPaths, record: TrainingStep, *, has_optimizer: bool) -> str | None:
+    """One line saying why ``paths`` can never be resumed, or None when its layout can.
+
+    ``has_optimizer``: whether the loader finds optimizer state to read, the manifest's choice
+    (``manifest.choose(manifest.optimizer_inputs(), paths)``; the manifest needs these rules, so
+    the caller asks it): a DCP directory counts only once its ``.metadata`` is written.
+    """
     as_pretrained = f"its weights still load as a pretrained policy: --policy.path={paths.pretrained_model}"
     if record.is_legacy:
         return (
             f"{paths.root}: a 0.6.x-era checkpoint (gathered optimizer state, no {layout.OPTIMIZER_DCP_DIR}/,"
             f" training_step.json without topology) cannot be resumed; {as_pretrained}"
         )
-    if record.sharded and not paths.optimizer_dcp.exists() and not paths.optimizer_state.exists():
+    if record.sharded and not has_optimizer:
+        what = f"no {layout.DCP_METADATA} (its save did not complete)" if paths.optimizer_dcp.is_dir() else "missing"
         return (
-            f"{paths.optimizer_dcp}: missing - this sharded checkpoint holds no optimizer state and cannot be"
+            f"{paths.optimizer_dcp}: {what} - this sharded checkpoint holds no optimizer state and cannot be"
             f" resumed; {as_pretrained}"
         )
     if record.samples_seen is None:

@@ -27,7 +27,7 @@ ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
 
 def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     record, paths = source.record, source.paths
-    reason = unresumable_reason(paths, record)
+    reason = unresumable_reason(paths, record, has_optimizer=source.optimizer is not None)
     if reason is not None:
         return [Check.fail("layout", reason)]
     checks = [

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, read_training_step, training_step_json
@@ -173,7 +173,8 @@ def load_training_step(paths: StepPaths) -> TrainingStep:
 
 def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
     """Refuse the 0.6.x layout, optimizer-less sharded checkpoints and records without a data position."""
-    reason = unresumable_reason(paths, record)
+    has_optimizer = manifest.choose(manifest.optimizer_inputs(), paths) is not None
+    reason = unresumable_reason(paths, record, has_optimizer=has_optimizer)
     if reason is not None:
         raise LegacyCheckpoint(reason) if record.is_legacy else CheckpointError(reason)
 

@@ -121,7 +121,8 @@ class TrainingStep:
 
     step: int
     samples_seen: int | None = None
-    optimizer_steps: int | None = None
+    optimizer_steps: int | None = None  # optimizer updates the loop ran (fp16 counts the ones the scaler skipped)
+    adam_step: int | None = None  # the step count the saved optimizer state holds (its largest ``step``)
     dp_world_size: int | None = None
     batch_size: int | None = None
     grad_accum_steps: int | None = None
@@ -185,6 +186,7 @@ class TrainingStep:
             step=step,
             samples_seen=_int(data, "samples_seen"),
             optimizer_steps=_int(data, "optimizer_steps"),
+            adam_step=_int(data, "adam_step"),
             dp_world_size=dp_world_size,
             batch_size=_int(data, "batch_size"),
             grad_accum_steps=_int(data, "grad_accum_steps"),

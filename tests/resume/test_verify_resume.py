@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import VerifyReport, verify_resume
 from devtools.training import LEGACY_CHECKPOINT, TINY, ok, step_dir, train
@@ -162,6 +163,27 @@ def test_sharded_run_without_optimizer_dir_is_refused_as_incomplete(fsdp: Path, 
     ckpt = variant(fsdp, tmp_path, lambda d: shutil.rmtree(d / OPTIM_DCP))
     reason = failed(verify_resume(ckpt))["layout"]
     assert "optimizer_0: missing" in reason and "holds no optimizer state" in reason and "0.6.x" not in reason
+
+
+def test_a_record_of_another_step_fails_even_the_strict_gate(runs: dict[str, Path], tmp_path: Path) -> None:
+    """``"step": 0`` in a later step's dir: every file is there and readable, the parts are not from one step."""
+    ckpt = variant(
+        step_dir(runs["ddp"], 8), tmp_path, lambda d: edit_json(d / "training_state/training_step.json", step=0)
+    )
+    report = verify_resume(ckpt, strict=True)
+    assert list(failed(report)) == ["consistency"]
+    assert failed(report)["consistency"].startswith(f"{ckpt}/training_state/training_step.json: step 0, in step")
+    assert [c.name for c in plan_reshard(ckpt).blockers] == ["consistency"]  # reshard-plan: cannot work
+
+
+def test_an_optimizer_of_another_step_is_not_resumable(runs: dict[str, Path], tmp_path: Path) -> None:
+    def earlier_optimizer(d: Path) -> None:
+        shutil.rmtree(d / OPTIM_DCP)
+        shutil.copytree(step_dir(runs["fsdp"], 4) / OPTIM_DCP, d / OPTIM_DCP)
+
+    report = verify_resume(variant(step_dir(runs["fsdp"], 8), tmp_path, earlier_optimizer), strict=True)
+    assert list(failed(report)) == ["consistency"]
+    assert "optimizer_0: Adam step 4 (" in failed(report)["consistency"]
 
 
 def test_train_config_that_disagrees_with_the_record(fsdp: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.param_groups import read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules import consistency, unresumable_reason
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -43,7 +43,17 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     checks.append(_json_file("scheduler", paths.scheduler_state, "LR scheduler state, always restored"))
     checks.append(_rng(source, target))
     checks.append(_scaler(source, target))
+    checks.append(_consistency(source))
     return checks
+
+
+def _consistency(source: ResumeSource) -> Check:
+    """The trainer's refusal of a checkpoint whose parts are not from one step (record, directory, Adam, scheduler)."""
+    counters = consistency.read_counters(source.paths, source.record)
+    found = consistency.problems(counters)
+    if found:
+        return Check.fail("consistency", consistency.summary(found))
+    return Check.ok("consistency", consistency.describe(counters))
 
 
 # ---------------------------------------------------------------------- weights

@@ -17,6 +17,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.rules import consistency
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.train.checkpoint import parts, rng
 from ckpt_tools.train.checkpoint.audit import resident_bytes, write_audit
@@ -52,13 +53,24 @@ def load_checkpoint(state: TrainingState, step_dir: Path, trainable: set[str] | 
 
 
 def preflight_resume(step_dir: Path) -> TrainingStep:
-    """Before any process group exists: is this a checkpoint we can resume at all?"""
-    return parts.load_training_step(StepPaths(step_dir))
+    """Before any process group exists: is this a checkpoint we can resume at all, its parts from one step?"""
+    paths = StepPaths(step_dir)
+    record = parts.load_training_step(paths)
+    require_consistent(paths, record)
+    return record
+
+
+def require_consistent(paths: StepPaths, record: TrainingStep) -> None:
+    """Refuse a checkpoint whose parts are not from one step (the rule ``verify-resume`` checks too)."""
+    reason = consistency.inconsistency(paths, record)
+    if reason is not None:
+        raise CheckpointError(reason)
 
 
 def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> ResumeReport:
     record = parts.load_training_step(paths)
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
+    require_consistent(paths, record)
     reads = _load_weights(s, paths, trainable)
     reads.update(_load_optimizer(s, paths, record))
     _write_audit(s, paths, reads)

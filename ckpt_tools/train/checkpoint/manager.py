@@ -240,6 +240,7 @@ class CheckpointManager:
             step=step,
             samples_seen=s.sampler.samples_seen,
             optimizer_steps=s.optimizer_steps,
+            adam_step=state_dicts.adam_step(s.optimizer),  # ties the optimizer state to this record
             dp_world_size=topology.dp_world_size,
             batch_size=s.cfg.batch_size,
             grad_accum_steps=s.cfg.grad_accum_steps,

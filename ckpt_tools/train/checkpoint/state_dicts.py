@@ -64,6 +64,17 @@ def load_sharded_optimizer_state(
     set_optimizer_state_dict(parallel.inner, optimizer, state)
 
 
+def adam_step(optimizer: torch.optim.Optimizer) -> int | None:
+    """The largest ``step`` count in the optimizer's state (None before its first update).
+
+    The record saves it next to the optimizer state, so that a resume can tell that state
+    apart from another step's (:mod:`ckpt_tools.format.rules.consistency`). Adam keeps these
+    0-d counters on the CPU unless it is capturable or fused: reading them costs no device sync.
+    """
+    steps = [float(slots["step"]) for slots in optimizer.state.values() if "step" in slots]
+    return int(max(steps)) if steps else None
+
+
 def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: Path) -> None:
     """Non-sharded runs: tensors in safetensors (``state.<param>.<key>``), groups in JSON.
 

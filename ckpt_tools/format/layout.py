@@ -121,6 +121,11 @@ class StepPaths:
         return int(self.root.name) if is_step_dir_name(self.root.name) else None
 
     @property
+    def run_dir(self) -> Path | None:
+        """The run this step belongs to: the directory holding its ``checkpoints/`` (None: not in one)."""
+        return self.root.parent.parent if self.root.parent.name == CHECKPOINTS_DIR else None
+
+    @property
     def pretrained_model(self) -> Path:
         return self.root / PRETRAINED_MODEL_DIR
 

@@ -5,15 +5,22 @@
 format. The tools read it without the training extra installed; a field that is absent or of
 the wrong type reads as None, and :func:`read_saved_config` only raises when the file is not
 JSON at all.
+
+Paths in it (:data:`PATH_FIELDS`) are recorded absolute by the trainer. A relative one (a
+checkpoint of an older trainer) is read relative to where that run was launched, found from
+the run dir the checkpoint is in - never from the current directory, which has nothing to do
+with the checkpoint: :meth:`SavedConfig.resolve` is the one resolver.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.format import layout
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -24,6 +31,13 @@ def _get(data: Any, dotted: str) -> Any:
             return None
         data = data.get(part)
     return data
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        data = data[part]
+    data[last] = value
 
 
 def _int(data: Any, dotted: str) -> int | None:
@@ -57,11 +71,21 @@ CONFIG_SCALARS = frozenset(
         "checkpoint_format",
         "checkpoint_async",
         "resume",
+        "overwrite_checkpoints",
         "progress_bar",
         "collective_timeout_s",
         "log_samples",
     }
 )
+
+
+# The fields that hold a local path (policy.path may be a Hub id instead).
+PATH_FIELDS = ("output_dir", "dataset.root", "policy.path")
+
+
+def absolute_path(value: str) -> str:
+    """A path the user typed (a flag: relative to the current directory), as the trainer records it."""
+    return os.path.abspath(os.path.expanduser(value))
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,83 @@ class SavedConfig:
 
     path: Path
     raw: dict[str, Any]
+
+    @property
+    def step(self) -> layout.StepPaths | None:
+        """The checkpoint step this file is in (``<step>/pretrained_model/train_config.json``), if any."""
+        if self.path.name != layout.TRAIN_CONFIG or self.path.parent.name != layout.PRETRAINED_MODEL_DIR:
+            return None
+        return layout.StepPaths(Path(os.path.abspath(self.path.parent.parent)))
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run this checkpoint belongs to: where a resume of it writes by default.
+
+        The directory holding its ``checkpoints/`` - a copy of a run is its own run, whatever
+        ``output_dir`` its config recorded; for a step dir outside any ``checkpoints/``, the
+        recorded ``output_dir``. None for a config file that is not in a checkpoint.
+        """
+        step = self.step
+        if step is None:
+            return None
+        run = step.run_dir
+        if run is not None:
+            return run
+        recorded = self.resolve("output_dir")
+        return Path(recorded) if recorded else None
+
+    def _anchor(self) -> Path | None:
+        """Where the relative paths of this file are read from (None: not in a checkpoint).
+
+        The run was launched from the directory that its recorded relative ``output_dir`` is
+        relative to: the run dir with that ``output_dir`` taken off its end (``outputs/run``
+        recorded, ``/home/u/repo/outputs/run`` on disk: ``/home/u/repo``). A run that was moved
+        or copied no longer ends with it; its paths are then read relative to the run dir.
+        """
+        step = self.step
+        if step is None:
+            return None
+        run = step.run_dir or step.root.parent
+        recorded = _str(self.raw, "output_dir")
+        if recorded and not os.path.isabs(os.path.expanduser(recorded)):
+            tail = Path(os.path.normpath(recorded)).parts
+            if tail == (".",):
+                return run
+            if ".." not in tail and len(tail) < len(run.parts) and run.parts[-len(tail) :] == tail:
+                return Path(*run.parts[: -len(tail)])
+        return run
+
+    def resolve(self, dotted: str) -> str | None:
+        """The path field ``dotted`` as an absolute path (a Hub id in ``policy.path`` stays as it is).
+
+        For a file that is not in a checkpoint (``--config_path`` of a new run) a relative
+        path stays relative: the trainer reads it from the current directory, as a flag.
+        """
+        value = _str(self.raw, dotted)
+        anchor = self._anchor()
+        if value is None or anchor is None:
+            return value
+        path = Path(value).expanduser()
+        if path.is_absolute():
+            return str(path)
+        resolved = os.path.normpath(anchor / path)
+        if dotted == "policy.path":
+            from ckpt_tools.format.policy_path import is_hub_id
+
+            if is_hub_id(value) and not Path(resolved).exists():
+                return value
+        return resolved
+
+    def resume_base(self) -> dict[str, Any]:
+        """The config a resume of this checkpoint starts from: paths resolved, ``output_dir`` its run dir."""
+        raw = json.loads(json.dumps(self.raw))  # a deep copy of plain JSON data
+        for dotted in PATH_FIELDS:
+            value = self.resolve(dotted)
+            if value is not None and dotted != "output_dir":
+                _set(raw, dotted, value)
+        if self.run_dir is not None:
+            raw["output_dir"] = str(self.run_dir)
+        return raw
 
     @property
     def batch_size(self) -> int | None:
@@ -109,7 +210,7 @@ class SavedConfig:
 
     @property
     def policy_path(self) -> str | None:
-        return _str(self.raw, "policy.path")
+        return self.resolve("policy.path")
 
     @property
     def peft(self) -> bool:
@@ -175,7 +276,7 @@ class SavedConfig:
 
     @property
     def dataset_root(self) -> str | None:
-        return _str(self.raw, "dataset.root")
+        return self.resolve("dataset.root")
 
     @property
     def dataset_repo_id(self) -> str | None:

@@ -18,7 +18,7 @@ import draccus
 from ckpt_tools.errors import ConfigError, UsageError
 from ckpt_tools.format.layout import TRAIN_CONFIG, CheckpointFormat
 from ckpt_tools.format.rules.startup import RunSettings, setting_refusals, world_refusals
-from ckpt_tools.format.train_config import SavedConfig
+from ckpt_tools.format.train_config import SavedConfig, absolute_path
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 
@@ -123,6 +123,9 @@ class TrainConfig:
     # loop goes on (at most one save in flight; the same atomic commit and `last` rule).
     checkpoint_async: bool = False
     resume: bool = False
+    # A resume refuses to start when the output dir holds checkpoints after the step it resumes
+    # from (it would save over them); true replaces them. Never carried over by a resume.
+    overwrite_checkpoints: bool = False
     progress_bar: bool = True
     # How long a rank waits in a collective for the others: a rank that dies or stalls (a
     # wedged process, a lost node) ends the job with an error after this, instead of a hang.
@@ -151,6 +154,19 @@ class TrainConfig:
         The tools read the saved file the same way, so trainer and tools check the same values.
         """
         return SavedConfig(Path(TRAIN_CONFIG), draccus.encode(self)).run_settings()
+
+    def record_absolute_paths(self) -> None:
+        """Make the local paths absolute (flags are relative to the current directory).
+
+        ``train_config.json`` then means the same wherever it is read from: a resume, or a tool
+        run from another directory, finds the same dataset and policy (docs/checkpoint-format.md).
+        """
+        if self.output_dir:
+            self.output_dir = absolute_path(self.output_dir)
+        if self.dataset.root:
+            self.dataset.root = absolute_path(self.dataset.root)
+        if self.policy is not None and self.policy.path and Path(self.policy.path).expanduser().exists():
+            self.policy.path = absolute_path(self.policy.path)
 
     def validate(self) -> None:
         """Checks that need no process group: every message names its flag."""

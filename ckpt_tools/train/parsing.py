@@ -167,10 +167,13 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
             step = layout.resolve_step(config_path)  # `last` → the step it points at, as the tools read it
         except CheckpointError as e:
             raise CheckpointError(f"--config_path={e}") from None
-        base = read_saved_config(step.train_config).raw  # read as verify-resume reads it
+        # Read as verify-resume reads it: paths resolved, output_dir the run the checkpoint is in.
+        base = read_saved_config(step.train_config).resume_base()
+        base["overwrite_checkpoints"] = False  # only this launch's own flag replaces checkpoints
         args = [a for a in args if not a.startswith("--policy.type")]
         cfg = _draccus_parse(args, base)
         cfg.resume = True
+        cfg.record_absolute_paths()
         return cfg, step.root.resolve()
     base = _read_config(Path(config_path)) if config_path else None
     policy_path = _pop(args, "policy.path")
@@ -178,6 +181,7 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         base = _with_pretrained_policy(base or {}, policy_path, _peek(args, "policy.type"))
         args = [a for a in args if not a.startswith("--policy.type")]
     cfg = _draccus_parse(args, base)
+    cfg.record_absolute_paths()
     return cfg, None
 
 

@@ -36,16 +36,39 @@ def main(argv: list[str] | None = None) -> None:
 
         acknowledged = check_accelerate_env(os.environ)
         cfg, resume_from = parse_train_config(args)
+        record = None
         if resume_from is not None:
             from ckpt_tools.train.checkpoint.load import preflight_resume
 
-            preflight_resume(resume_from)  # a 0.6.x checkpoint is named as such before anything else
+            # A 0.6.x checkpoint is named as such before anything else, then one whose parts disagree.
+            record = preflight_resume(resume_from)
         cfg.validate()
+        notices = _resume_output(cfg, resume_from, record.step) if resume_from is not None and record else []
     except CkptError as e:
         _fail(e, is_main)
     if acknowledged and is_main:
         print(f"warning: accelerate engine variables acknowledged and ignored: {', '.join(acknowledged)}", flush=True)
+    for notice in notices if is_main else []:
+        print(f"warning: {notice}", flush=True)
     _run(cfg, resume_from)
+
+
+def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:
+    """Where the resume of ``step`` writes: refuse to save over newer checkpoints, say when it is another run."""
+    from ckpt_tools.errors import ConfigError
+    from ckpt_tools.format.layout import StepPaths
+    from ckpt_tools.format.rules import resume_output
+
+    paths = StepPaths(resume_from)
+    output_dir = Path(str(cfg.output_dir))
+    refusal = resume_output.overwrite_refusal(output_dir, step, overwrite=cfg.overwrite_checkpoints)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    found = (
+        resume_output.elsewhere_notice(paths, paths.run_dir, output_dir),
+        resume_output.overwrite_notice(output_dir, step, overwrite=cfg.overwrite_checkpoints),
+    )
+    return [line for line in found if line is not None]
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:

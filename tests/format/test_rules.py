@@ -11,7 +11,7 @@ import pytest
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths, flat_optimizer_key, split_flat_optimizer_key
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, layout_for
-from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules import resume_output, unresumable_reason
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import (
     ignored_regex,
@@ -295,3 +295,38 @@ def test_a_sharded_checkpoint_is_resumable_only_with_the_optimizer_state_the_loa
     assert "optimizer_0: no .metadata (its save did not complete) - this sharded checkpoint" in (reason() or "")
     (step.optimizer_dcp / ".metadata").touch()
     assert reason() is None
+
+
+# ====================================================================== where a resume writes
+
+
+def test_a_resume_refuses_to_save_over_checkpoints_after_its_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for name in ("000004", "000008", "000012"):
+        (run / "checkpoints" / name).mkdir(parents=True)
+    (run / "checkpoints" / ".000016.partial").mkdir()  # a crashed save is no checkpoint to keep
+    refusal = resume_output.overwrite_refusal(run, 4, overwrite=False) or ""
+    assert refusal.startswith(f"--output_dir={run}: holds checkpoints after step 4 (000008, 000012)")
+    assert f"resume from {run / 'checkpoints' / '000012'} instead" in refusal
+    assert refusal.endswith("or pass --overwrite_checkpoints=true to replace them")
+    assert resume_output.overwrite_refusal(run, 12, overwrite=False) is None  # from the newest: nothing after it
+    assert resume_output.overwrite_refusal(run, 4, overwrite=True) is None
+    notice = resume_output.overwrite_notice(run, 4, overwrite=True) or ""
+    assert (
+        notice.startswith("--overwrite_checkpoints=true: the checkpoints after step 4") and "000008, 000012" in notice
+    )
+    assert resume_output.overwrite_notice(run, 4, overwrite=False) is None
+    assert resume_output.overwrite_refusal(tmp_path / "elsewhere", 4, overwrite=False) is None
+
+
+def test_a_resume_into_another_directory_says_so(tmp_path: Path) -> None:
+    step = StepPaths(tmp_path / "run" / "checkpoints" / "000004")
+    assert step.run_dir == tmp_path / "run"
+    assert resume_output.elsewhere_notice(step, step.run_dir, tmp_path / "run") is None
+    assert resume_output.elsewhere_notice(step, step.run_dir, tmp_path / "other") == (
+        f"resuming step 000004 of run {tmp_path / 'run'} into --output_dir={tmp_path / 'other'}:"
+        " the new checkpoints go there"
+    )
+    loose = StepPaths(tmp_path / "000004")  # a step dir outside any checkpoints/: it belongs to no run
+    assert loose.run_dir is None
+    assert "(not in a run's checkpoints/)" in (resume_output.elsewhere_notice(loose, None, tmp_path) or "")

@@ -87,6 +87,8 @@ def test_fsdp_checkpoint_reshards_onto_one_process(runs: dict[str, Path], tmp_pa
     out = tmp_path / "single"
     proc = ok(train(*resume_args(src, out, "--parallelism.dp_shard=1", "--checkpoint_format=safetensors", "--steps=4")))
     assert NOT_EXACT in proc.stdout
+    # Not the run the checkpoint is in: said at start-up, before anything is written.
+    assert f"warning: resuming step 000004 of run {runs['fsdp'].resolve()} into --output_dir={out}:" in proc.stdout
     restored = step_dir(out, 4)
     assert_tensors_equal(gathered_weights(out, 4), gathered_weights(runs["fsdp"], 4))
     assert_tensors_equal(flat_optimizer(restored), dcp_optimizer(src, tmp_path))

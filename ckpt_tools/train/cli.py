@@ -57,18 +57,12 @@ def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:
     """Where the resume of ``step`` writes: refuse to save over newer checkpoints, say when it is another run."""
     from ckpt_tools.errors import ConfigError
     from ckpt_tools.format.layout import StepPaths
-    from ckpt_tools.format.rules import resume_output
+    from ckpt_tools.format.rules.resume_output import check_output
 
-    paths = StepPaths(resume_from)
-    output_dir = Path(str(cfg.output_dir))
-    refusal = resume_output.overwrite_refusal(output_dir, step, overwrite=cfg.overwrite_checkpoints)
-    if refusal is not None:
-        raise ConfigError(refusal)
-    found = (
-        resume_output.elsewhere_notice(paths, paths.run_dir, output_dir),
-        resume_output.overwrite_notice(output_dir, step, overwrite=cfg.overwrite_checkpoints),
-    )
-    return [line for line in found if line is not None]
+    verdict = check_output(StepPaths(resume_from), step, Path(str(cfg.output_dir)), overwrite=cfg.overwrite_checkpoints)
+    if verdict.refusal is not None:
+        raise ConfigError(verdict.refusal)
+    return list(verdict.notices)
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:

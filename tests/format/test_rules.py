@@ -300,33 +300,53 @@ def test_a_sharded_checkpoint_is_resumable_only_with_the_optimizer_state_the_loa
 # ====================================================================== where a resume writes
 
 
-def test_a_resume_refuses_to_save_over_checkpoints_after_its_step(tmp_path: Path) -> None:
+def _run_with(tmp_path: Path, *names: str, last: str) -> Path:
     run = tmp_path / "run"
-    for name in ("000004", "000008", "000012"):
+    for name in names:
         (run / "checkpoints" / name).mkdir(parents=True)
     (run / "checkpoints" / ".000016.partial").mkdir()  # a crashed save is no checkpoint to keep
-    refusal = resume_output.overwrite_refusal(run, 4, overwrite=False) or ""
+    (run / "checkpoints" / "last").symlink_to(last)
+    return run
+
+
+def test_a_resume_refuses_to_save_over_checkpoints_after_its_step(tmp_path: Path) -> None:
+    run = _run_with(tmp_path, "000004", "000008", "000012", last="000012")
+    step = StepPaths(run / "checkpoints" / "000004")
+    refusal = resume_output.check_output(step, 4, run, overwrite=False).refusal or ""
     assert refusal.startswith(f"--output_dir={run}: holds checkpoints after step 4 (000008, 000012)")
     assert f"resume from {run / 'checkpoints' / '000012'} instead" in refusal
     assert refusal.endswith("or pass --overwrite_checkpoints=true to replace them")
-    assert resume_output.overwrite_refusal(run, 12, overwrite=False) is None  # from the newest: nothing after it
-    assert resume_output.overwrite_refusal(run, 4, overwrite=True) is None
-    notice = resume_output.overwrite_notice(run, 4, overwrite=True) or ""
-    assert (
-        notice.startswith("--overwrite_checkpoints=true: the checkpoints after step 4") and "000008, 000012" in notice
+    newest = resume_output.check_output(StepPaths(run / "checkpoints" / "000012"), 12, run, overwrite=False)
+    assert newest == resume_output.OutputCheck()  # from the newest, into its own run: nothing to say
+    allowed = resume_output.check_output(step, 4, run, overwrite=True)
+    assert allowed.refusal is None and len(allowed.notices) == 1
+    assert allowed.notices[0].startswith("--overwrite_checkpoints=true: the checkpoints after step 4")
+    assert "(000008, 000012)" in allowed.notices[0]
+
+
+def test_a_commit_cut_off_before_moving_last_does_not_stop_a_restart(tmp_path: Path) -> None:
+    """``last`` still at 4, 000008 renamed into place: a resume from ``last`` goes on, and says so."""
+    run = _run_with(tmp_path, "000004", "000008", last="000004")
+    verdict = resume_output.check_output(StepPaths(run / "checkpoints" / "000004"), 4, run, overwrite=False)
+    assert verdict.refusal is None
+    assert verdict.notices == (
+        f"{run / 'checkpoints' / '000008'} is complete but {run / 'checkpoints' / 'last'} points at step 4"
+        " (a save stopped between its rename and moving last): this resume saves that step again, over it",
     )
-    assert resume_output.overwrite_notice(run, 4, overwrite=False) is None
-    assert resume_output.overwrite_refusal(tmp_path / "elsewhere", 4, overwrite=False) is None
+    two_after = _run_with(tmp_path / "b", "000004", "000008", "000012", last="000004")  # not one cut-off commit
+    step = StepPaths(two_after / "checkpoints" / "000004")
+    assert resume_output.check_output(step, 4, two_after, overwrite=False).refusal is not None
 
 
 def test_a_resume_into_another_directory_says_so(tmp_path: Path) -> None:
     step = StepPaths(tmp_path / "run" / "checkpoints" / "000004")
     assert step.run_dir == tmp_path / "run"
-    assert resume_output.elsewhere_notice(step, step.run_dir, tmp_path / "run") is None
-    assert resume_output.elsewhere_notice(step, step.run_dir, tmp_path / "other") == (
+    assert resume_output.check_output(step, 4, tmp_path / "run", overwrite=False).notices == ()
+    assert resume_output.check_output(step, 4, tmp_path / "other", overwrite=False).notices == (
         f"resuming step 000004 of run {tmp_path / 'run'} into --output_dir={tmp_path / 'other'}:"
-        " the new checkpoints go there"
+        " the new checkpoints go there",
     )
     loose = StepPaths(tmp_path / "000004")  # a step dir outside any checkpoints/: it belongs to no run
     assert loose.run_dir is None
-    assert "(not in a run's checkpoints/)" in (resume_output.elsewhere_notice(loose, None, tmp_path) or "")
+    (notice,) = resume_output.check_output(loose, 4, tmp_path / "run", overwrite=False).notices
+    assert "(not in a run's checkpoints/)" in notice

@@ -10,11 +10,17 @@ belongs to (the directory holding its ``checkpoints/``: a copy of a run is its o
   checkpoint of the same run, or into another run), they would be replaced one by one, and
   ``last`` moved back to S and beyond - so the trainer refuses to start, naming them, unless
   ``--overwrite_checkpoints=true`` says to replace them.
+
+One case is not refused: ``last`` still points at S and exactly one complete step dir follows
+it. That is what a save killed between renaming its directory into place and moving ``last``
+leaves, and a restart resumes from ``last``: it goes on (as it always did, re-saving that
+step) and says so, rather than stopping every automatic restart after such a crash.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.format import layout
@@ -23,19 +29,43 @@ from ckpt_tools.format.layout import StepPaths
 OVERWRITE_FLAG = "--overwrite_checkpoints"
 
 
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve()
-    except (OSError, RuntimeError):
-        return os.path.abspath(a) == os.path.abspath(b)
+@dataclass(frozen=True)
+class OutputCheck:
+    """The verdict on a resume's output dir: a refusal (the one line), or the lines to print first."""
+
+    refusal: str | None = None
+    notices: tuple[str, ...] = ()
 
 
-def elsewhere_notice(step: StepPaths, run_dir: Path | None, output_dir: Path) -> str | None:
-    """One line when the resume of ``step`` writes into ``output_dir``, not the run it belongs to."""
-    if run_dir is not None and _same_dir(run_dir, output_dir):
-        return None
-    origin = f"run {run_dir}" if run_dir is not None else f"{step.root} (not in a run's {layout.CHECKPOINTS_DIR}/)"
-    return f"resuming step {step.root.name} of {origin} into --output_dir={output_dir}: the new checkpoints go there"
+def check_output(step: StepPaths, record_step: int, output_dir: Path, *, overwrite: bool) -> OutputCheck:
+    """Whether the resume of ``step`` (the record's ``record_step``) may write into ``output_dir``."""
+    notices = []
+    run_dir = step.run_dir
+    if run_dir is None or not _same_dir(run_dir, output_dir):
+        origin = f"run {run_dir}" if run_dir is not None else f"{step.root} (not in a run's {layout.CHECKPOINTS_DIR}/)"
+        notices.append(
+            f"resuming step {step.root.name} of {origin} into --output_dir={output_dir}: the new checkpoints go there"
+        )
+    root = output_dir / layout.CHECKPOINTS_DIR
+    newer = newer_checkpoints(output_dir, record_step)
+    names = ", ".join(p.name for p in newer[:3]) + (f" (+{len(newer) - 3} more)" if len(newer) > 3 else "")
+    if newer and overwrite:
+        notices.append(
+            f"{OVERWRITE_FLAG}=true: the checkpoints after step {record_step} in {root} ({names})"
+            " are replaced where this run saves the same steps"
+        )
+    elif newer and _interrupted_commit(root, step, newer):
+        notices.append(
+            f"{newer[0]} is complete but {root / layout.LAST_LINK} points at step {record_step} (a save stopped"
+            f" between its rename and moving {layout.LAST_LINK}): this resume saves that step again, over it"
+        )
+    elif newer:
+        return OutputCheck(
+            f"--output_dir={output_dir}: holds checkpoints after step {record_step} ({names}) that this resume"
+            f" would overwrite; resume from {newer[-1]} instead, choose another --output_dir, or pass"
+            f" {OVERWRITE_FLAG}=true to replace them"
+        )
+    return OutputCheck(notices=tuple(notices))
 
 
 def newer_checkpoints(output_dir: Path, step: int) -> list[Path]:
@@ -43,25 +73,14 @@ def newer_checkpoints(output_dir: Path, step: int) -> list[Path]:
     return [p for p in layout.list_step_dirs(output_dir / layout.CHECKPOINTS_DIR) if int(p.name) > step]
 
 
-def overwrite_refusal(output_dir: Path, step: int, *, overwrite: bool) -> str | None:
-    """Why a resume from ``step`` into ``output_dir`` must not start (None: nothing to overwrite, or allowed)."""
-    newer = newer_checkpoints(output_dir, step)
-    if not newer or overwrite:
-        return None
-    names = ", ".join(p.name for p in newer[:3]) + (f" (+{len(newer) - 3} more)" if len(newer) > 3 else "")
-    return (
-        f"--output_dir={output_dir}: holds checkpoints after step {step} ({names}) that this resume would"
-        f" overwrite; resume from {newer[-1]} instead, choose another --output_dir, or pass"
-        f" {OVERWRITE_FLAG}=true to replace them"
-    )
+def _interrupted_commit(root: Path, step: StepPaths, newer: list[Path]) -> bool:
+    """``last`` still at the resumed step and one step dir after it: a commit cut off before moving ``last``."""
+    last = layout.resolve_last(root)
+    return len(newer) == 1 and last is not None and _same_dir(last, step.root)
 
 
-def overwrite_notice(output_dir: Path, step: int, *, overwrite: bool) -> str | None:
-    """The line a resume allowed to overwrite prints: which step dirs it will replace."""
-    newer = newer_checkpoints(output_dir, step)
-    if not newer or not overwrite:
-        return None
-    return (
-        f"{OVERWRITE_FLAG}=true: the checkpoints after step {step} in {output_dir / layout.CHECKPOINTS_DIR}"
-        f" ({', '.join(p.name for p in newer)}) are replaced where this run saves the same steps"
-    )
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return os.path.abspath(a) == os.path.abspath(b)

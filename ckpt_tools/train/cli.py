@@ -36,14 +36,14 @@ def main(argv: list[str] | None = None) -> None:
 
         acknowledged = check_accelerate_env(os.environ)
         cfg, resume_from = parse_train_config(args)
-        record = None
+        step = None
         if resume_from is not None:
             from ckpt_tools.train.checkpoint.load import preflight_resume
 
             # A 0.6.x checkpoint is named as such before anything else, then one whose parts disagree.
-            record = preflight_resume(resume_from)
+            step = preflight_resume(resume_from).step
         cfg.validate()
-        notices = _resume_output(cfg, resume_from, record.step) if resume_from is not None and record else []
+        notices = _resume_output(cfg, resume_from, step) if resume_from is not None and step is not None else []
     except CkptError as e:
         _fail(e, is_main)
     if acknowledged and is_main:

@@ -95,7 +95,7 @@ def inconsistency(paths: StepPaths, record: TrainingStep) -> str | None:
 
 
 def describe(counters: StepCounters) -> str:
-    """What was compared, for a passing check: ``step 4: directory, record, Adam step (48 parameters), scheduler``."""
+    """What was compared, for a passing check: ``step 4: record, directory name, Adam step (48 parameters), ...``."""
     parts = ["record"] + (["directory name"] if counters.paths.step is not None else [])
     if counters.adam is not None and counters.adam.steps:
         parts.append(f"Adam step ({len(counters.adam.steps)} parameters)")

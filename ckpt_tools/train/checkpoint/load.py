@@ -70,7 +70,7 @@ def require_consistent(paths: StepPaths, record: TrainingStep) -> None:
 def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> ResumeReport:
     record = parts.load_training_step(paths)
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
-    require_consistent(paths, record)
+    require_consistent(paths, record)  # as the preflight did: the load refuses on its own too
     reads = _load_weights(s, paths, trainable)
     reads.update(_load_optimizer(s, paths, record))
     _write_audit(s, paths, reads)

@@ -1,8 +1,15 @@
-"""Durable, atomic file operations: write into a temporary sibling, fsync, rename.
+"""Durable, atomic file operations: write into a temporary sibling, fsync, rename; delete by moving aside.
 
 A reader never sees a half-written file under its final name, and a crash leaves either
 the old file or the new one. Directory entries are fsynced too, so a rename survives a
 power cut and not only a process crash.
+
+Every atomic writer of the project (:func:`atomic_write`, the streaming safetensors writer,
+``convert-dcp``'s index) goes through :class:`TempSibling`, and :func:`delete_aside` is the one
+way a directory is deleted so that an interruption leaves it whole or gone. What a killed
+writer or deletion leaves behind is named here once (:func:`temp_sibling_prefix`,
+:func:`deleting_name`) and recognised here (:func:`find_leftovers`): ``inspect`` names
+leftovers, ``convert-dcp`` removes its own on a rerun.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,6 +75,77 @@ def fsync_tree(root: Path, already_synced: Callable[[Path], bool] | None = None)
         fsync_dir(Path(dirpath))
 
 
+# ---------------------------------------------------------------------- temporary siblings
+
+TEMP_SUFFIX = ".tmp"
+DELETING_MARK = ".deleting-"
+
+
+def temp_sibling_prefix(final_name: str, pid: int | None = None) -> str:
+    """How a file being written is named until it is complete: ``.<name>.<pid>-<random>.tmp``.
+
+    Hidden, so no reader (and no Hub upload) takes it for the file; the writer's process id,
+    so a later run can tell one a killed writer abandoned from one still being written.
+    """
+    return f".{final_name}.{os.getpid() if pid is None else pid}-"
+
+
+def deleting_name(final_name: str, pid: int | None = None) -> str:
+    """Where :func:`delete_aside` moves a directory before removing it: ``.<name>.deleting-<pid>``."""
+    return f".{final_name}{DELETING_MARK}{os.getpid() if pid is None else pid}"
+
+
+class TempSibling:
+    """A hidden temporary file next to ``path`` that only :meth:`commit` turns into ``path``.
+
+    The one primitive behind every atomic file write: create (named by
+    :func:`temp_sibling_prefix`), write through :attr:`fd` or :meth:`open`, :meth:`close`
+    (fsync), :meth:`commit` (rename over ``path``) - or :meth:`abort` on any failure, which
+    removes it. Raises ``OSError`` as the calls it makes do; callers word the message.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        fd, name = tempfile.mkstemp(
+            prefix=temp_sibling_prefix(self.path.name), suffix=TEMP_SUFFIX, dir=self.path.parent
+        )
+        self.fd: int | None = fd
+        self.tmp: Path | None = Path(name)
+
+    def open(self, mode: str) -> IO[Any]:
+        """A file object over :attr:`fd`; it owns the descriptor from now on (closing it closes the file)."""
+        assert self.fd is not None
+        fd, self.fd = self.fd, None
+        return os.fdopen(fd, mode)
+
+    def close(self, *, sync: bool) -> None:
+        """Everything written: fsync (when ``sync``) and close the descriptor."""
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def commit(self) -> None:
+        """Rename the temporary over ``path`` (a reader sees the old file or the new one)."""
+        assert self.tmp is not None and self.fd is None
+        os.replace(self.tmp, self.path)
+        self.tmp = None
+
+    def abort(self) -> None:
+        """Close and remove the temporary (idempotent; ``path`` is untouched)."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+            self.tmp = None
+
+
 @contextlib.contextmanager
 def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path``; on success fsync and rename it over ``path``.
@@ -74,17 +153,16 @@ def atomic_write(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
     On any exception the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    sibling = TempSibling(path)
     try:
-        with os.fdopen(fd, mode) as handle:
+        with sibling.open(mode) as handle:
             yield handle
             handle.flush()
             if sync_now():
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        sibling.commit()
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        sibling.abort()
         raise
     if sync_now():
         fsync_dir(path.parent)
@@ -111,3 +189,91 @@ def remove_tree(path: Path) -> None:
         path.unlink()
     elif path.exists():
         shutil.rmtree(path)
+
+
+def delete_aside(path: Path) -> None:
+    """Delete the directory ``path`` so that an interruption leaves it whole under its name or gone from it.
+
+    One atomic rename moves it to a hidden sibling (:func:`deleting_name`) - from then on every
+    reader sees it gone - and only that sibling is then removed file by file. A kill during the
+    removal leaves a ``.deleting`` leftover that :func:`find_leftovers` reports and a rerun
+    finishes; a directory left half-deleted under its own name never exists.
+    """
+    aside = path.with_name(deleting_name(path.name))
+    if aside.exists():  # this process's own earlier, interrupted attempt
+        remove_tree(aside)
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    shutil.rmtree(aside)
+
+
+# ---------------------------------------------------------------------- leftovers
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """What an interrupted writer (a temporary sibling) or deletion (a moved-aside directory) left."""
+
+    path: Path
+    target: str  # the final name it was for
+    pid: int | None  # the process that made it (None: a name without one, from an older writer)
+    deleting: bool  # a directory :func:`delete_aside` moved aside, not a temporary file
+
+    @property
+    def abandoned(self) -> bool:
+        """No live writer can be using it: its process is gone, or it is this process (which runs
+        one conversion at a time, so its own leftover is from an earlier, interrupted call)."""
+        if self.pid is None:
+            return False
+        return self.pid == os.getpid() or not process_alive(self.pid)
+
+    def describe(self) -> str:
+        """One line for ``inspect``: what it is, who left it, what removes it."""
+        who = f"process {self.pid}" if self.pid is not None else "an unknown process"
+        state = "" if self.pid is None or self.abandoned else ", still running"
+        if self.deleting:
+            return f"{self.target}/ moved aside by an interrupted deletion ({who}{state}); rerunning the same command finishes it"
+        return f"temporary file of an interrupted write of {self.target} ({who}{state}); rerunning the same command removes it"
+
+
+def parse_leftover(path: Path) -> Leftover | None:
+    """The :class:`Leftover` ``path`` is by its name, or None (any other file)."""
+    name = path.name
+    if not name.startswith(".") or len(name) < 2:
+        return None
+    if DELETING_MARK in name:
+        target, _, pid = name[1:].rpartition(DELETING_MARK)
+        if target and pid.isdigit():
+            return Leftover(path, target, int(pid), deleting=True)
+        return None
+    if not name.endswith(TEMP_SUFFIX) or len(name) <= 1 + len(TEMP_SUFFIX):
+        return None
+    body = name[1 : -len(TEMP_SUFFIX)]
+    target, _, token = body.rpartition(".")
+    if not target:  # ".last.tmp": a fixed name, no token
+        return Leftover(path, body, None, deleting=False)
+    pid = token.split("-", 1)[0]
+    return Leftover(path, target, int(pid) if pid.isdigit() and "-" in token else None, deleting=False)
+
+
+def find_leftovers(directory: Path) -> list[Leftover]:
+    """The leftovers directly inside ``directory`` (none when it is not a readable directory)."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return []
+    found = (parse_leftover(p) for p in entries)
+    return [lo for lo in found if lo is not None]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (a process we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -4,8 +4,9 @@ The header is computed up front from the plan (names, dtypes, shapes, byte sizes
 tensors can then be written one after the other straight from their source: a kernel-side
 copy (``copy_file_range``, falling back to ``sendfile`` and then to ``readinto``) when the
 bytes need no conversion, small blocks otherwise. Each file goes to a temporary sibling
-(``.<name>.<random>.tmp``) that is fsynced and only renamed into place by :meth:`commit`,
-so a crash or a full disk never leaves a half-written file under the final name.
+(:class:`~ckpt_tools.io.fsutil.TempSibling`, the project's one atomic-write primitive) that is
+fsynced and only renamed into place by :meth:`commit`, so a crash or a full disk never leaves
+a half-written file under the final name.
 
 Shard planning follows the Hugging Face Hub convention (``model-00001-of-00003.safetensors``
 and ``model.safetensors.index.json``) using huggingface_hub's own splitter.
@@ -17,14 +18,13 @@ import errno
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpoint, UsageError, WriteError
-from ckpt_tools.io.fsutil import sync_now
+from ckpt_tools.io.fsutil import TempSibling, sync_now
 from ckpt_tools.io.writeback import WritebackTracker
 
 ALIGNMENT = 8  # header padded with spaces so the data section starts 8-byte aligned
@@ -79,21 +79,28 @@ class StreamingWriter:
         self.specs = list(specs)
         self.header = build_header(self.specs, metadata)
         self.size = len(self.header) + sum(s.nbytes for s in self.specs)
-        self.tmp: Path | None = None
-        self._fd: int | None = None
+        self._sibling: TempSibling | None = None
         self._next = 0
         self._left = 0
         self._buffer: bytearray | None = None
         self._writeback = WritebackTracker()
 
+    @property
+    def tmp(self) -> Path | None:
+        """The temporary file being written (None before :meth:`open` and after commit or abort)."""
+        return self._sibling.tmp if self._sibling is not None else None
+
+    @property
+    def _fd(self) -> int | None:
+        return self._sibling.fd if self._sibling is not None else None
+
     # ------------------------------------------------------------------ life cycle
 
     def open(self) -> None:
         try:
-            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            self._sibling = TempSibling(self.path)
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
-        self._fd, self.tmp = fd, Path(name)
         self._write_all(self.header)
         self._writeback.due(len(self.header))
 
@@ -101,31 +108,24 @@ class StreamingWriter:
         """All tensors written: fsync and close the temporary file."""
         if self._next != len(self.specs) or self._left:
             raise AssertionError("StreamingWriter.finish before every tensor was written")
-        assert self._fd is not None
+        assert self._sibling is not None and self._sibling.fd is not None
         try:
-            if sync_now():
-                os.fsync(self._fd)
+            self._sibling.close(sync=sync_now())
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
-        finally:
-            os.close(self._fd)
-            self._fd = None
 
     def commit(self) -> None:
-        assert self.tmp is not None and self._fd is None
+        assert self._sibling is not None
         try:
-            os.replace(self.tmp, self.path)
+            self._sibling.commit()
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
-        self.tmp = None
+        self._sibling = None
 
     def abort(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
-            self.tmp = None
+        if self._sibling is not None:
+            self._sibling.abort()
+            self._sibling = None
 
     # ------------------------------------------------------------------ tensors
 

@@ -8,9 +8,16 @@ Two layouts are refused outright, each with its own plain message:
   written): the weights are there, the optimizer is not.
 
 Both still load as a pretrained policy, which the message says.
+
+And one rule for whether a resume is *bit-exact*: :func:`master_copy_problem` - the weights a
+resume reads must be the copy training holds, not one cast to another dtype (``convert-dcp
+--dtype bf16`` of fp32 master weights): loading casts them back silently, and the resumed run
+continues from rounded weights.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ckpt_tools.format import layout
 from ckpt_tools.format.layout import StepPaths
@@ -39,3 +46,22 @@ def unresumable_reason(paths: StepPaths, record: TrainingStep, *, has_optimizer:
     if record.samples_seen is None:
         return f"{paths.training_step}: no samples_seen; the data position cannot be restored"
     return None
+
+
+def master_copy_problem(weights: Mapping[str, str], master: Mapping[str, str]) -> str | None:
+    """Why ``weights`` are not the copy training holds - so a resume from them is not bit-exact - or None.
+
+    ``weights``: tensor name -> dtype (torch's name) as the container a resume reads holds it.
+    ``master``: tensor name -> the dtype training holds it in: for the trainer its live
+    parameters; for the tools the dtype of each parameter's Adam moments (kept in the
+    parameter's dtype), or of the DCP shards a conversion read. Names only one side has are
+    not compared.
+    """
+    cast = sorted(n for n, dtype in weights.items() if n in master and master[n] != dtype)
+    if not cast:
+        return None
+    name = cast[0]
+    return (
+        f"{len(cast)} of {len(weights)} tensors are {weights[name]} where training holds them in {master[name]}"
+        f" (e.g. {name}): a resume casts them back and does not continue bit-exactly"
+    )

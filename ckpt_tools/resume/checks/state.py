@@ -4,7 +4,9 @@ Each check follows one step of the training core's load (ckpt_tools/train/checkp
 the 0.6.x refusal and ``samples_seen`` (``check_resumable``), the weights and optimizer inputs
 the manifest chooses, the scheduler state it always reads, the RNG states it reads only when
 the world size is unchanged, and the loss-scaler state an fp16 run needs (the manifest's
-``Resume`` rule, shared with the loader).
+``Resume`` rule, shared with the loader). Whether the weights are the copy training holds
+(bit-exactness, :func:`~ckpt_tools.format.rules.master_copy_problem`) is a warning: the
+loader casts them back and resumes, but not exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.param_groups import read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import consistency, unresumable_reason
+from ckpt_tools.format.rules import consistency, master_copy_problem, unresumable_reason
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -40,6 +42,8 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
         checks.append(Check.ok("train-config", f"{_rel(source, paths.train_config)} (the resume starts from it)"))
     checks += _weights(source, target)
     checks += _optimizer(source)
+    if source.weights is not None and source.optimizer is not None:
+        checks.append(_weights_precision(source))
     checks.append(_json_file("scheduler", paths.scheduler_state, "LR scheduler state, always restored"))
     checks.append(_rng(source, target))
     checks.append(_scaler(source, target))
@@ -180,6 +184,25 @@ def _optimizer_coverage(source: ResumeSource) -> Check:
         if bad:
             return Check.fail("optimizer-coverage", f"{name}: {bad}")
     return Check.ok("optimizer-coverage", f"Adam state for all {len(source.trainable)} trainable parameters")
+
+
+def _weights_precision(source: ResumeSource) -> Check:
+    """The weights are the copy training holds: every parameter in the dtype of its Adam moments.
+
+    AdamW keeps ``exp_avg`` in the parameter's dtype, so the optimizer state records the master
+    dtype even after the DCP shards are gone (``convert-dcp --dtype bf16 --delete-dcp``).
+    """
+    master = {}
+    for name, slots in source.optimizer_state.items():
+        param = source.param_of(name)
+        moment = slots.get("exp_avg") or slots.get("exp_avg_sq")
+        if param is not None and moment is not None:
+            master[param.name] = moment.dtype
+    assert source.weights is not None
+    problem = master_copy_problem({n: t.dtype for n, t in source.params.items()}, master)
+    if problem is not None:
+        return Check.warn("weights-precision", f"{_rel(source, source.weights.path)}: {problem}")
+    return Check.ok("weights-precision", f"{len(master)} parameters held in their optimizer state's dtype")
 
 
 def _slot_problem(param: SavedTensor, slots: dict[str, SavedTensor]) -> str | None:

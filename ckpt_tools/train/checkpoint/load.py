@@ -71,7 +71,8 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     record = parts.load_training_step(paths)
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
     require_consistent(paths, record)  # as the preflight did: the load refuses on its own too
-    reads = _load_weights(s, paths, trainable)
+    warnings: list[str] = []
+    reads = _load_weights(s, paths, trainable, warnings)
     reads.update(_load_optimizer(s, paths, record))
     _write_audit(s, paths, reads)
     resume = manifest.Resume.of(record, s.env.world_size, s.cfg.accelerator.mixed_precision)
@@ -86,7 +87,6 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     s.sampler.restore(record.samples_seen)
     s.step = record.step
     s.optimizer_steps = record.optimizer_steps or 0
-    warnings = []
     order = DataOrderChange(record.dp_world_size, record.batch_size, s.sampler.world_size, s.cfg.batch_size)
     sample_exact = order.sample_exact is True
     if not sample_exact:
@@ -96,15 +96,22 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     return ResumeReport(record.step, paths.root, record, sample_exact, resume.same_world, warnings)
 
 
-def _load_weights(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> dict[str, int]:
-    """The weights from the container the manifest chooses; returns the DCP bytes read per file."""
+def _load_weights(
+    s: TrainingState, paths: StepPaths, trainable: set[str] | None, warnings: list[str]
+) -> dict[str, int]:
+    """The weights from the container the manifest chooses; returns the DCP bytes read per file.
+
+    A gathered file whose dtypes are not the live parameters' (not bit-exact) adds to ``warnings``.
+    """
     peft = trainable is not None
     chosen = manifest.choose(manifest.weights_inputs(peft), paths)
     if chosen is None:
         raise CheckpointError(manifest.no_weights_reason(paths, peft))
     if chosen is manifest.MODEL_DCP:
         return parts.load_model_dcp(s.parallel, paths, trainable)
-    parts.load_gathered_weights(s.parallel, paths.root / chosen.path, trainable)
+    cast = parts.load_gathered_weights(s.parallel, paths.root / chosen.path, trainable)
+    if cast is not None:
+        warnings.append(cast)
     return {}
 
 

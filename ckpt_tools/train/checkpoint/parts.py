@@ -27,7 +27,7 @@ from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, read_training_step, training_step_json
-from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules import master_copy_problem, unresumable_reason
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.checkpoint import rng, state_dicts
@@ -35,6 +35,7 @@ from ckpt_tools.train.checkpoint.dcp_io import dcp_load, dcp_save
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter, write_gathered
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.precision import dtype_name
 from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config as write_policy_config
 from ckpt_tools.train.policies.configs import PolicyConfig
@@ -69,12 +70,20 @@ def save_gathered_weights(
     write_gathered(gathered, path, rows, barrier, {"format": "pt"})
 
 
-def load_gathered_weights(parallel: ParallelModel, path: Path, trainable: set[str] | None) -> None:
-    """The gathered file into the running layout (PEFT: saved names mapped back onto the live ones)."""
+def load_gathered_weights(parallel: ParallelModel, path: Path, trainable: set[str] | None) -> str | None:
+    """The gathered file into the running layout (PEFT: saved names mapped back onto the live ones).
+
+    Returns why the resume is not bit-exact (:func:`~ckpt_tools.format.rules.master_copy_problem`:
+    the file holds the weights in another dtype than the live parameters, and loading casts
+    them), or None - the warning ``verify-resume`` gives for the same file.
+    """
     full = _load_safetensors(path)
     if trainable is not None:
         full = peft_keys_to_model_keys(full, trainable)
+    live = {name: dtype_name(p.dtype) for name, p in parallel.inner.named_parameters()}
+    problem = master_copy_problem({k: dtype_name(v.dtype) for k, v in full.items()}, live)
     state_dicts.load_full_model_state(parallel, full, partial=trainable is not None)
+    return f"{path.name}: {problem}" if problem is not None else None
 
 
 def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[str]) -> dict[str, torch.Tensor]:

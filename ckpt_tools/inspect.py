@@ -8,7 +8,9 @@ tensor data - so it takes the same fraction of a second on any model size.
 Health checks (:class:`ckpt_tools.check.Check`) pass, or have one of two severities: ``fail``
 (the checkpoint is broken: a file the layout requires is missing, metadata is inconsistent,
 chunks do not tile a tensor, a file is truncated) and ``warn`` (worth knowing, still loadable:
-a crashed partial save, an unreferenced shard file, the 0.6.x layout that cannot resume).
+a crashed partial save, an unreferenced shard file, the 0.6.x layout that cannot resume, a
+*leftover* - the hidden temporary file of a killed write or the moved-aside directory of an
+interrupted ``convert-dcp --delete-dcp``, named as :mod:`ckpt_tools.io.fsutil` names them).
 ``healthy`` is true when no check failed.
 
 ``InspectReport.to_dict`` (what ``inspect --json`` prints) holds every field of the report
@@ -32,6 +34,7 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep, read_training_step
 from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 from ckpt_tools.st.index import read_index
@@ -85,6 +88,7 @@ class InspectReport:
     steps: list[StepSummary] = field(default_factory=list)
     last: str | None = None
     partial_saves: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # interrupted writes and deletions, relative paths
     inspected_step: str | None = None
     tensors: list[TensorInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -136,6 +140,7 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
     report.partial_saves = [p.name for p in L.list_partial_dirs(root)]
     for name in report.partial_saves:
         report.checks.append(Check.warn("partial save", f"{name}: left by a save that did not complete"))
+    _leftovers(root, [root], report)
     if link.is_symlink() or link.exists():
         ok = last is not None and last.parent.resolve() == root.resolve() and L.is_step_dir_name(last.name)
         report.last = last.name if last is not None else os.readlink(link) if link.is_symlink() else None
@@ -169,6 +174,7 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
     for attr in ("step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
+    report.leftovers += [f"{name}/{rel}" for rel in sub.leftovers]
 
 
 # ====================================================================== one step
@@ -185,6 +191,7 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
     part = {L.PathKind.PRETRAINED_MODEL: L.PRETRAINED_MODEL_DIR, L.PathKind.TRAINING_STATE: L.TRAINING_STATE_DIR}
     variant = manifest.Variant.of(record, peft) if record is not None else None
     report.checks.extend(_expected_files(paths, variant, part.get(only) if only else None))
+    _leftovers(paths.root, [paths.root, pm, paths.training_state], report)
     for f in _weight_files(pm):
         _inspect_safetensors(f, _rel(paths.root, f), report, tensors and not paths.model_dcp.is_dir())
     if paths.model_dcp.is_dir():
@@ -269,6 +276,15 @@ def _expected_files(paths: L.StepPaths, variant: manifest.Variant | None, part: 
     return [Check.ok("expected files", f"every file this run's checkpoint must hold is present{where}"), *notes]
 
 
+def _leftovers(base: Path, directories: list[Path], report: InspectReport) -> None:
+    """Name what killed writes and interrupted deletions left in ``directories`` (a warning each)."""
+    for directory in directories:
+        for leftover in find_leftovers(directory):
+            rel = _rel(base, leftover.path)
+            report.leftovers.append(rel)
+            report.checks.append(Check.warn("leftover", f"{rel}: {leftover.describe()}"))
+
+
 def _weight_files(pm: Path) -> list[Path]:
     index = pm / L.MODEL_WEIGHTS_INDEX
     files = []
@@ -282,6 +298,7 @@ def _weight_files(pm: Path) -> list[Path]:
 
 def _inspect_loose_dir(path: Path, report: InspectReport, tensors: bool) -> None:
     """A ``pretrained_model/`` (or ``training_state/``) outside any step dir: weights only."""
+    _leftovers(path, [path], report)
     for f in _weight_files(path):
         _inspect_safetensors(f, f.name, report, tensors)
     dcp = path / L.MODEL_DCP_DIR

@@ -11,16 +11,19 @@ The flow is plan → write → (verify) → commit → (delete):
    :mod:`ckpt_tools.dcp.assemble` and :mod:`ckpt_tools.st.writer`), each fsynced.
 3. *verify* (with ``delete_dcp``): re-read every written byte and compare it with the chunks.
 4. *commit*: rename the temporaries into place, the index file last.
-5. *delete* (with ``delete_dcp``): only now remove the DCP directory.
+5. *delete* (with ``delete_dcp``): only now, and only when what remains still resumes
+   bit-exactly (:mod:`ckpt_tools.convert_delete`), remove the DCP directory - renamed aside
+   atomically first, so an interruption leaves the old state or the new one.
 
 Any failure before the commit removes the temporaries: no partial output, inputs untouched.
+A rerun after a kill picks up where it stopped: it removes its own abandoned temporaries,
+keeps outputs that already hold exactly the planned bytes, and finishes an interrupted deletion.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools import convert_delete
+from ckpt_tools.convert_delete import Deletion
 from ckpt_tools.dcp import casting, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
@@ -37,7 +42,7 @@ from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest, peft_keys
-from ckpt_tools.io.fsutil import fsync_dir
+from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
 from ckpt_tools.st.header import read_header
@@ -133,6 +138,7 @@ class ConvertResult:
     deleted_dcp: bool = False
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    deletion: Deletion | None = field(default=None, repr=False, compare=False)  # what deleting the shards needs
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +165,7 @@ def convert_dcp(
     max_shard_size: str | int | None = None,
     dry_run: bool = False,
     delete_dcp: bool = False,
+    allow_unresumable: bool = False,
     what: str | None = None,
     overwrite: bool = False,
     verify: bool = False,
@@ -173,26 +180,45 @@ def convert_dcp(
     is fp32 for master weights). ``what``: ``model`` or ``optimizer`` (default: ``model``, or
     what a DCP dir given directly holds). ``verify``: re-read every written byte and compare it
     with the shards before committing (always done with ``delete_dcp``). ``overwrite``: replace
-    existing output files (refused otherwise). Raises :class:`~ckpt_tools.errors.CkptError` only.
+    existing output files (refused otherwise, unless they already hold exactly the planned
+    bytes). ``delete_dcp``: then delete the DCP dir - refused before any work unless what
+    remains resumes bit-exactly, or ``allow_unresumable`` (which waives only that rule).
+    Raises :class:`~ckpt_tools.errors.CkptError` only.
     """
     start = time.perf_counter()
     out_dtype = _output_dtype(dtype)
     shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
     if what is not None and what not in WHAT_CHOICES:
         raise UsageError(f"--what must be one of {', '.join(WHAT_CHOICES)}, got {what!r}")
-    source = _resolve_source(Path(checkpoint_dir), what)
-    if delete_dcp and not dry_run and source.dcp_dir.is_symlink():
-        # Decided before any work: the shards would be converted and then could not be deleted.
-        raise UsageError(f"--delete-dcp: {source.dcp_dir} is a symlink; delete the directory it points at yourself")
+    named = Path(checkpoint_dir)
+    source = _resolve_source(named, what)
+    if source.interrupted:
+        return _finish_interrupted(source, dry_run=dry_run, start=start)
+    if delete_dcp:
+        convert_delete.check_location(named, source.dcp_dir)  # before any work
     index = ChunkIndex.load(source.dcp_dir)
     validate.require_valid(validate.structure_problems(index))
     with ShardFiles(index.root) as files:
         plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output)
+        deletion = Deletion.of(
+            named,
+            plan.dcp_dir,
+            source.step,
+            {t.name: t.dtype.name for f in plan.files for t in f.tensors},
+            {t.name: t.src_dtype.name for f in plan.files for t in f.tensors},
+            allow_unresumable=allow_unresumable,
+        )
+        if delete_dcp:
+            deletion.check(plan.output_dir, written=plan.output_paths)
         if dry_run:
             notes = plan.notes + (("--delete-dcp ignored: dry run",) if delete_dcp else ())
             existing = [p for p in plan.output_paths if p.exists()]
             if existing:
-                verb = "would be replaced (--overwrite)" if overwrite else "exists: the conversion needs --overwrite"
+                verb = (
+                    "would be replaced (--overwrite)"
+                    if overwrite
+                    else "exists: kept if it already holds exactly these tensors, else the conversion needs --overwrite"
+                )
                 notes += (f"{existing[0]} {verb}",)
             return ConvertResult(
                 plan,
@@ -202,17 +228,23 @@ def convert_dcp(
                 True,
                 seconds=time.perf_counter() - start,
                 notes=notes,
+                deletion=deletion,
             )
-        _check_outputs(plan, overwrite)
+        notes = _clean_leftovers(plan, source)
         verify = verify or delete_dcp
-        try:
-            written = _write_all(plan, layouts, files, progress=progress, verify=verify)
-        except MemoryError:
-            # Tensors that are not row slabs are assembled in memory, one at a time.
-            raise WriteError(
-                "not enough memory to assemble the largest tensor (non-row-sharded tensors are built in memory"
-                " one at a time); nothing was written"
-            ) from None
+        if not overwrite and _outputs_identical(plan, layouts, files):
+            written, verify = plan.output_paths, True
+            notes += (f"kept the existing {plan.output_paths[0].name}: it already holds exactly these tensors",)
+        else:
+            _check_outputs(plan, overwrite)
+            try:
+                written = _write_all(plan, layouts, files, progress=progress, verify=verify)
+            except MemoryError:
+                # Tensors that are not row slabs are assembled in memory, one at a time.
+                raise WriteError(
+                    "not enough memory to assemble the largest tensor (non-row-sharded tensors are built in memory"
+                    " one at a time); nothing was written"
+                ) from None
     result = ConvertResult(
         plan,
         tuple(written),
@@ -221,7 +253,8 @@ def convert_dcp(
         False,
         verified=verify,
         seconds=time.perf_counter() - start,
-        notes=plan.notes,
+        notes=plan.notes + notes,
+        deletion=deletion,
     )
     return delete_converted_dcp(result) if delete_dcp else result
 
@@ -230,15 +263,52 @@ def delete_converted_dcp(result: ConvertResult) -> ConvertResult:
     """Remove the DCP directory of a conversion whose output was verified (and only then).
 
     Separate from :func:`convert_dcp` so a caller can do something in between - the CLI
-    publishes to the Hub first and deletes only after the upload succeeded.
+    publishes to the Hub first and deletes only after the upload succeeded. The rule of
+    :class:`~ckpt_tools.convert_delete.Deletion` is checked again on the files as they are now.
     """
-    if result.dry_run or not result.verified:
+    if result.dry_run or not result.verified or result.deletion is None:
         raise UsageError("refusing to delete DCP shards: the conversion was not written and verified")
     missing = [p for p in result.output_files if not p.is_file()]
     if missing:
         raise WriteError(f"{missing[0]}: converted output vanished; DCP shards kept")
-    _delete_dcp(result.plan.dcp_dir)
+    result.deletion.check(result.plan.output_dir)
+    convert_delete.delete_dcp_dir(result.plan.dcp_dir)
     return replace(result, deleted_dcp=True)
+
+
+def _clean_leftovers(plan: ConvertPlan, source: _Source) -> tuple[str, ...]:
+    """Before writing: remove what a killed earlier run of this conversion left (its temporaries, its deletion)."""
+    names = [p.name for p in plan.output_paths]
+    notes = convert_delete.remove_own_temporaries(plan.output_dir, names)
+    notes += convert_delete.finish_deletes(convert_delete.interrupted_deletes(source.dcp_dir))
+    return tuple(notes)
+
+
+def _finish_interrupted(source: _Source, *, dry_run: bool, start: float) -> ConvertResult:
+    """The DCP dir is gone because an earlier ``--delete-dcp`` moved it aside and was stopped: finish that.
+
+    Its conversion was committed and verified before the move, so there is nothing to convert.
+    """
+    notes = [f"nothing to convert: an earlier --delete-dcp converted {source.dcp_dir.name}/ and was interrupted"]
+    if dry_run:
+        notes += [f"would finish deleting {lo.path.name}" for lo in source.interrupted]
+    else:
+        notes += convert_delete.finish_deletes(source.interrupted)
+    pm = source.pretrained_model
+    plan = ConvertPlan(
+        dcp_dir=source.dcp_dir,
+        output_dir=source.dcp_dir.parent,
+        what=source.what,
+        peft=source.what == "model" and pm is not None and manifest.is_peft(pm),
+        dtype=None,
+        files=(),
+        index_name=None,
+        index=None,
+        metadata={},
+        notes=tuple(notes),
+    )
+    elapsed = time.perf_counter() - start
+    return ConvertResult(plan, (), 0, 0, dry_run, deleted_dcp=not dry_run, seconds=elapsed, notes=tuple(notes))
 
 
 # ====================================================================== resolving the input
@@ -253,11 +323,21 @@ class _Source:
     what: str
     pretrained_model: Path | None  # where adapter_config.json would be
     notes: tuple[str, ...] = ()
+    step: L.StepPaths | None = None  # the step the DCP dir is in (None: a loose DCP dir)
+    interrupted: tuple[Leftover, ...] = ()  # dcp_dir is gone: an earlier --delete-dcp moved it aside, unfinished
 
 
 def _resolve_source(path: Path, what: str | None) -> _Source:
     """The DCP directory to convert: in the step ``path`` means (:func:`~ckpt_tools.format.layout.resolve_step`),
-    or a DCP dir / ``pretrained_model/`` / ``training_state/`` given directly, in a step or not."""
+    or a DCP dir / ``pretrained_model/`` / ``training_state/`` given directly, in a step or not.
+
+    A DCP dir that an interrupted ``--delete-dcp`` already moved aside resolves with ``interrupted`` set.
+    """
+    if not path.exists() and not path.is_symlink():
+        pending = convert_delete.interrupted_deletes(path)
+        if pending:
+            guess = "optimizer" if path.name == L.OPTIMIZER_DCP_DIR else "model"
+            return _Source(path, what or guess, None, interrupted=tuple(pending))
     located = L.locate(path)
     kind = located.kind
     if kind is L.PathKind.SAFETENSORS_FILE:
@@ -272,7 +352,7 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
         if what is None:
             what = "optimizer" if dcp_dir.name.startswith(L.OPTIMIZER_DCP_DIR.rsplit("_", 1)[0]) else "model"
         pm = dcp_dir.parent if (dcp_dir.parent / L.ADAPTER_CONFIG).exists() or step is None else step.pretrained_model
-        return _Source(dcp_dir, what, pm, notes)
+        return _Source(dcp_dir, what, pm, notes, step)
     what = what or "model"
     if kind in _WHOLE_STEP:
         assert step is not None
@@ -282,13 +362,17 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
     else:  # training_state/
         ts, pm = located.path, (step.pretrained_model if step else located.path.parent / L.PRETRAINED_MODEL_DIR)
     dcp_dir = pm / L.MODEL_DCP_DIR if what == "model" else ts / L.OPTIMIZER_DCP_DIR
+    if not dcp_dir.is_dir() and not dcp_dir.is_symlink():
+        pending = convert_delete.interrupted_deletes(dcp_dir)
+        if pending:
+            return _Source(dcp_dir, what, pm, notes, step, tuple(pending))
     if not dcp_dir.is_dir():
         if what == "model" and ((pm / L.MODEL_WEIGHTS).exists() or (pm / L.ADAPTER_WEIGHTS).exists()):
             raise CheckpointError(
                 f"{pm}: no {L.MODEL_DCP_DIR}/ to convert - the weights are already in safetensors form"
             )
         raise CheckpointError(f"{dcp_dir}: missing - this checkpoint has no DCP shards for the {what}")
-    return _Source(dcp_dir, what, pm, notes)
+    return _Source(dcp_dir, what, pm, notes, step)
 
 
 def _output_dtype(dtype: str | None) -> DType | None:
@@ -520,24 +604,49 @@ class _IndexWriter:
     def __init__(self, plan: ConvertPlan) -> None:
         assert plan.index_name is not None
         self.path = plan.output_dir / plan.index_name
-        self.payload = json.dumps(plan.index, indent=2) + "\n"
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.payload = index_payload(plan)
+        self._sibling: TempSibling | None = None
 
     def write(self) -> None:
         try:
-            with open(self.tmp, "w", encoding="utf-8") as f:
+            self._sibling = TempSibling(self.path)
+            with self._sibling.open("w") as f:
                 f.write(self.payload)
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            self.tmp.unlink(missing_ok=True)
+            self.abort()
             raise WriteError(f"{self.path}: write failed ({e.strerror})") from None
 
     def commit(self) -> None:
-        os.replace(self.tmp, self.path)
+        assert self._sibling is not None
+        self._sibling.commit()
 
     def abort(self) -> None:
-        self.tmp.unlink(missing_ok=True)
+        if self._sibling is not None:
+            self._sibling.abort()
+
+
+def index_payload(plan: ConvertPlan) -> str:
+    """The text of the plan's ``*.safetensors.index.json``."""
+    return json.dumps(plan.index, indent=2) + "\n"
+
+
+def _outputs_identical(plan: ConvertPlan, layouts: dict[str, list[ChunkLayout]], files: ShardFiles) -> bool:
+    """Whether every planned output already exists holding exactly the planned bytes (a rerun after a kill).
+
+    Read back and compared like a verification; any difference (or unreadable file) means no.
+    """
+    if not all(p.is_file() for p in plan.output_paths):
+        return False
+    try:
+        for planned_file in plan.files:
+            _verify_file(plan.output_dir / planned_file.name, planned_file, layouts, files, plan.metadata)
+        if plan.index_name is not None:
+            return (plan.output_dir / plan.index_name).read_text(encoding="utf-8") == index_payload(plan)
+    except (CkptError, OSError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def _remove_empty_dirs(path: Path, stop: Path) -> None:
@@ -594,13 +703,6 @@ def _piece_blocks(piece: Copy | memoryview) -> Iterator[tuple[bytes | memoryview
         for off in range(0, len(piece), COPY_BLOCK):
             block = piece[off : off + COPY_BLOCK]
             yield block, len(block)
-
-
-def _delete_dcp(dcp_dir: Path) -> None:
-    try:
-        shutil.rmtree(dcp_dir)
-    except OSError as e:
-        raise WriteError(f"{dcp_dir}: converted and verified, but deleting the shards failed ({e.strerror})") from None
 
 
 # ====================================================================== progress

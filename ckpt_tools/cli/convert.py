@@ -26,7 +26,10 @@ or the run dir holding it (its `last` step). Tensors stream one by one: memory s
 size. PEFT checkpoints give adapter_model.safetensors with peft's key names. The output goes
 next to the shards (pretrained_model/) unless --output says otherwise, through a temporary
 file renamed into place: a failure leaves no partial output and the shards untouched.
---delete-dcp removes the shards only after the written files were read back and verified.
+--delete-dcp removes the shards only after the written files were read back and verified, and
+only when what remains still resumes bit-exactly (the converted file is what the trainer loads,
+at the saved dtype); --allow-unresumable deletes them anyway. A rerun after a kill cleans up
+and finishes what the killed run left.
 
 \b
 Examples:
@@ -66,6 +69,14 @@ def convert_dcp_command(
     delete_dcp: Annotated[
         bool, typer.Option("--delete-dcp", help="Delete the DCP shards after the output is written and verified.")
     ] = False,
+    allow_unresumable: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unresumable",
+            help="With --delete-dcp: delete even when what remains no longer resumes bit-exactly"
+            " (--dtype casts, --what optimizer, --output elsewhere).",
+        ),
+    ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
     push_to_hub: Annotated[
         str | None, typer.Option("--push-to-hub", metavar="REPO", help="Publish the converted folder to the Hub.")
@@ -87,6 +98,7 @@ def convert_dcp_command(
         what=what,
         dry_run=dry_run,
         delete_dcp=delete_dcp,
+        allow_unresumable=allow_unresumable,
         overwrite=overwrite,
         push_to_hub=push_to_hub,
         private=private,
@@ -104,6 +116,7 @@ def run_convert(
     what: str | None = None,
     dry_run: bool = False,
     delete_dcp: bool = False,
+    allow_unresumable: bool = False,
     overwrite: bool = False,
     push_to_hub: str | None = None,
     private: bool = False,
@@ -113,7 +126,8 @@ def run_convert(
     """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``.
 
     With ``push_to_hub`` (and not a dry run) the work is :func:`ckpt_tools.hub.publish_checkpoint`'s:
-    convert and verify, push, then - with ``delete_dcp`` - delete the shards.
+    convert and verify, push, then - with ``delete_dcp`` - delete the shards (a refused deletion
+    is refused before the conversion and the push, as without the Hub).
     """
     options: dict[str, Any] = {
         "output": output,
@@ -122,11 +136,16 @@ def run_convert(
         "what": what,
         "overwrite": overwrite,
         "progress": not quiet and not json_out,
+        "allow_unresumable": allow_unresumable,
     }
     pushed = None
     with _sigterm_as_interrupt():
         if push_to_hub and not dry_run:
+            from ckpt_tools.convert import convert_dcp
             from ckpt_tools.hub import publish_checkpoint
+
+            if delete_dcp:  # the deletion rule, decided before anything is written or sent
+                convert_dcp(source, dry_run=True, delete_dcp=True, **{**options, "progress": False})
 
             published = publish_checkpoint(
                 source,
@@ -174,6 +193,11 @@ def _print_result(result: Any, pushed: Any) -> None:
     plan = result.plan
     dtype = plan.dtype or "as saved"
     kind = "PEFT adapter" if plan.peft else plan.what
+    if not plan.files:  # an interrupted --delete-dcp finished: nothing was left to convert
+        typer.echo(f"Nothing to convert in {plan.dcp_dir.parent}")
+        for note in result.notes:
+            typer.echo(f"  note: {note}")
+        return
     if result.dry_run:
         typer.echo(f"Dry run - nothing written. Would convert the {kind} in {plan.dcp_dir}")
     else:

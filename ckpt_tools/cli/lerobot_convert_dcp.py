@@ -4,7 +4,7 @@
         --push_to_hub=user/repo
 
 Also ``--output=``, ``--dtype=``, ``--max_shard_size=``, ``--dry_run=true``, ``--what=``,
-``--overwrite=true``, ``--private=true``, ``--json=true``, ``--quiet=true``. Booleans take
+``--allow_unresumable=true``, ``--overwrite=true``, ``--private=true``, ``--json=true``, ``--quiet=true``. Booleans take
 true/false/1/0/yes/no (or no value, meaning true). Everything else is ``convert-dcp``'s code.
 """
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--push_to_hub", "--push-to-hub", default=None, metavar="REPO", help="publish to this Hub repo")
     booleans = {
         "delete_dcp": "delete the DCP shards after the output is written and verified",
+        "allow_unresumable": "with --delete_dcp: delete even when what remains no longer resumes bit-exactly",
         "dry_run": "print the plan, write nothing",
         "overwrite": "replace existing output files",
         "private": "with --push_to_hub: create the repo private",
@@ -74,6 +75,7 @@ def convert_dcp_main(argv: list[str] | None = None) -> None:
             what=args.what,
             dry_run=args.dry_run,
             delete_dcp=args.delete_dcp,
+            allow_unresumable=args.allow_unresumable,
             overwrite=args.overwrite,
             push_to_hub=args.push_to_hub,
             private=args.private,

@@ -3,7 +3,8 @@
 A *case* is: a fresh copy of a real checkpoint inside an *arena* directory, one mutation from
 :mod:`devtools.reliability.fuzz_mutations`, then every reader - ``inspect``, ``verify-resume``,
 ``reshard-plan``, ``push`` (its reading and validation stage, up to the network),
-``convert-dcp`` (model, optimizer, and ``--delete-dcp``) - run on it through
+``convert-dcp`` (model, optimizer, and ``--delete-dcp --allow-unresumable``: the output goes
+outside the step, which the deletion rule refuses without that flag) - run on it through
 the Python API in a forked child whose address space is capped (``RLIMIT_AS``) and whose
 wall time is bounded. The parent then checks the rules of docs/reliability.md:
 
@@ -269,7 +270,7 @@ def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, A
 
     def convert(what: str, out: Path, delete: bool = False) -> Any:
         def run() -> dict[str, Any]:
-            r = convert_dcp(target, what=what, output=out, progress=False, delete_dcp=delete)
+            r = convert_dcp(target, what=what, output=out, progress=False, delete_dcp=delete, allow_unresumable=delete)
             json.dumps(r.to_dict(), default=str)
             return {"files": [str(p) for p in r.output_files], "dcp_dir": str(r.plan.dcp_dir), "deleted": r.deleted_dcp}
 
@@ -452,7 +453,7 @@ CLI_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("reshard-plan", "{target}", "--nproc", "1", "--json"),
     ("convert-dcp", "{target}", "--output", "{out}/cli-model", "--quiet"),
     ("convert-dcp", "{target}", "--what", "optimizer", "--output", "{out}/cli-opt", "--json"),
-    ("convert-dcp", "{target}", "--output", "{out}/cli-delete", "--delete-dcp", "--quiet"),
+    ("convert-dcp", "{target}", "--output", "{out}/cli-delete", "--delete-dcp", "--allow-unresumable", "--quiet"),
     ("push", "{target}", "--repo-id", "alice/fuzz"),
 )
 
@@ -515,7 +516,7 @@ def judge_cli(result: CaseResult, arena: Arena, before: dict[str, str], after: d
     if arena.sentinel.exists():
         result.code_executed = True
         result.violations.append("CODE EXECUTED: the payload's sentinel file exists")
-    deleted_ok = result.readers.get("convert-dcp --delete-dcp --quiet", {}).get("status") == "ok"
+    deleted_ok = result.readers.get("convert-dcp --delete-dcp --allow-unresumable --quiet", {}).get("status") == "ok"
     for rel in sorted(set(before) | set(after)):
         if rel == "out" or rel.startswith("out/") or before.get(rel) == after.get(rel):
             continue

@@ -8,10 +8,16 @@
 Frames are stored episode by episode. The number of samples is the number of frames, the
 first dimension of :data:`LENGTH_COLUMN`; ``verify-resume`` reads it from the safetensors
 header to check that a resumed sampler position still points into the same dataset.
+
+The statistics normalize :data:`NORMALIZED_COLUMNS` (``(x - mean) / std``); one NaN, an
+infinity or a zero ``std`` there turns every batch into NaN, so :func:`stats_problem` refuses
+such a file before training starts.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from pathlib import Path
 
 FRAMES_FILE = Path("data") / "frames.safetensors"
@@ -22,3 +28,37 @@ ACTION_COLUMN = "action"
 EPISODE_COLUMN = "episode_index"
 REQUIRED_COLUMNS = (STATE_COLUMN, ACTION_COLUMN, EPISODE_COLUMN)
 LENGTH_COLUMN = STATE_COLUMN  # every column has one row per frame; the trainer counts samples in this one
+NORMALIZED_COLUMNS = (STATE_COLUMN, ACTION_COLUMN)  # what meta/stats.json must describe
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def stats_problem(stats: object, dims: Mapping[str, int]) -> str | None:
+    """Why ``meta/stats.json`` cannot normalize the frames, naming the feature, or None.
+
+    ``dims`` gives each column's width in the frames (a column left out is not compared).
+    Every ``mean`` and ``std`` value must be a finite number and every ``std`` positive.
+    """
+    if not isinstance(stats, dict):
+        return f"{STATS_FILE}: not a JSON object"
+    for column in NORMALIZED_COLUMNS:
+        entry = stats.get(column)
+        if not isinstance(entry, dict):
+            return f"{STATS_FILE}: no statistics for {column}"
+        for key in ("mean", "std"):
+            values = entry.get(key)
+            feature = f"{column}.{key}"
+            if not isinstance(values, list) or not all(_is_number(v) for v in values):
+                return f"{STATS_FILE}: {feature} is not a list of numbers"
+            width = dims.get(column)
+            if width is not None and len(values) != width:
+                return f"{STATS_FILE}: {feature} has {len(values)} values, the frames' {column} has {width}"
+            bad = [i for i, v in enumerate(values) if not math.isfinite(v) or (key == "std" and v <= 0)]
+            if bad:
+                first = bad[0]
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                need = "a finite number above 0" if key == "std" else "a finite number"
+                return f"{STATS_FILE}: {feature}[{first}]={values[first]}{more}: must be {need}"
+    return None

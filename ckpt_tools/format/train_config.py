@@ -55,6 +55,31 @@ def _str(data: Any, dotted: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _floats(data: Any, dotted: str) -> list[float] | None:
+    value = _get(data, dotted)
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return None
+    return [float(v) for v in value]
+
+
+def numbers(data: Any, prefix: str = "") -> list[tuple[str, object]]:
+    """Every float of the config, and every list holding one, as (``--dotted.flag``, value).
+
+    JSON reads ``NaN`` and ``Infinity`` as floats, and so does the trainer's flag parser:
+    the start-up rules refuse them wherever they appear, without a list of fields to forget.
+    """
+    out: list[tuple[str, object]] = []
+    if not isinstance(data, dict):
+        return out
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.extend(numbers(value, dotted))
+        elif isinstance(value, float) or (isinstance(value, list) and any(isinstance(v, float) for v in value)):
+            out.append((f"--{dotted}", value))
+    return out
+
+
 # The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
 CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
 OPTIONAL_GROUPS = frozenset({"policy", "peft"})
@@ -75,6 +100,7 @@ CONFIG_SCALARS = frozenset(
         "progress_bar",
         "collective_timeout_s",
         "log_samples",
+        "max_nonfinite_steps",
     }
 )
 
@@ -272,6 +298,15 @@ class SavedConfig:
             policy_path=self.policy_path,
             dp_replicate=self.dp_replicate,
             dp_shard=self.dp_shard,
+            numbers=tuple(numbers(raw)),
+            weight_decay=_float(raw, "optimizer.weight_decay"),
+            betas=_floats(raw, "optimizer.betas"),
+            eps=_float(raw, "optimizer.eps"),
+            grad_clip_norm=_float(raw, "optimizer.grad_clip_norm"),
+            warmup_steps=_int(raw, "scheduler.warmup_steps"),
+            min_lr_ratio=_float(raw, "scheduler.min_lr_ratio"),
+            dropout=_float(raw, "policy.dropout"),
+            max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
         )
 
     @property

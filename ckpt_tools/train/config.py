@@ -133,6 +133,9 @@ class TrainConfig:
     # Audit trail of data order: each rank appends the dataset indices it consumes per step
     # to <output_dir>/samples/rank<R>.jsonl.
     log_samples: bool = False
+    # How many optimizer updates a run may skip because the loss (or, without a loss scaler,
+    # the gradient norm) is NaN or infinite; the next one stops it. 0: stop at the first.
+    max_nonfinite_steps: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import re
 from pathlib import Path
 
 import pytest
 
 from ckpt_tools.format import manifest
+from ckpt_tools.format.dataset import stats_problem
 from ckpt_tools.format.layout import StepPaths, flat_optimizer_key, split_flat_optimizer_key
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, layout_for
 from ckpt_tools.format.rules import resume_output, unresumable_reason
@@ -26,6 +29,7 @@ from ckpt_tools.format.rules.startup import (
     setting_refusals,
     world_refusals,
 )
+from ckpt_tools.format.train_config import read_saved_config
 
 # ====================================================================== parallelism
 
@@ -165,6 +169,29 @@ def test_unknown_settings_are_not_checked() -> None:
             "--peft.* needs --policy.path (the saved base policy the adapter is trained on)",
         ),
         ({"peft": True, "policy_path": "p", "peft_r": 0}, "--peft.r=0: must be positive"),
+        ({"weight_decay": -0.1}, "--optimizer.weight_decay=-0.1: must be ≥ 0"),
+        ({"betas": (0.9, 1.0)}, "--optimizer.betas=[0.9, 1.0]: must be two numbers in [0, 1)"),
+        ({"eps": -1e-8}, "--optimizer.eps=-1e-08: must be ≥ 0"),
+        ({"grad_clip_norm": -1.0}, "--optimizer.grad_clip_norm=-1.0: must be ≥ 0 (0 disables clipping)"),
+        ({"warmup_steps": -1}, "--scheduler.warmup_steps=-1: must be ≥ 0"),
+        (
+            {"min_lr_ratio": 1.5},
+            "--scheduler.min_lr_ratio=1.5: must be between 0 and 1 (the fraction of --optimizer.lr the cosine"
+            " schedule ends at)",
+        ),
+        ({"dropout": 2.0}, "--policy.dropout=2.0: must be between 0 and 1"),
+        (
+            {"max_nonfinite_steps": -1},
+            "--max_nonfinite_steps=-1: must be ≥ 0 (0: stop at the first non-finite loss)",
+        ),
+        (
+            {"lr": 1e38, "betas": (0.9, 0.999)},
+            "--optimizer.lr=1e+38: too large: AdamW's first step size, lr / (1 - betas[0]) = 1e+39, overflows float32",
+        ),
+        (
+            {"lr": 1e36, "weight_decay": 1e3},
+            "--optimizer.lr=1e+36 × --optimizer.weight_decay=1000.0 = 1e+39 overflows float32",
+        ),
     ],
 )
 def test_each_setting_refusal(settings: dict[str, object], line: str) -> None:
@@ -191,8 +218,50 @@ def test_passing_settings_are_quiet() -> None:
         peft_method="lora",  # the trainer upper-cases it
         peft_r=8,
         policy_path="base",
+        numbers=(("--optimizer.lr", 1e-4), ("--optimizer.betas", [0.9, 0.999])),
+        weight_decay=0.0,
+        betas=(0.0, 0.999),
+        eps=0.0,
+        grad_clip_norm=0.0,
+        warmup_steps=0,
+        min_lr_ratio=1.0,
+        dropout=0.0,
+        max_nonfinite_steps=3,
     )
     assert setting_refusals(good) == []
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "line"),
+    [
+        ("optimizer.lr", math.nan, "--optimizer.lr=nan: must be a finite number"),
+        ("scheduler.min_lr_ratio", math.nan, "--scheduler.min_lr_ratio=nan: must be a finite number"),
+        ("optimizer.weight_decay", -math.inf, "--optimizer.weight_decay=-inf: must be a finite number"),
+        ("optimizer.betas", [0.9, math.inf], "--optimizer.betas=[0.9, inf]: every value must be a finite number"),
+        ("optimizer.eps", math.nan, "--optimizer.eps=nan: must be a finite number"),
+        ("optimizer.grad_clip_norm", math.inf, "--optimizer.grad_clip_norm=inf: must be a finite number"),
+        ("collective_timeout_s", math.inf, "--collective_timeout_s=inf: must be a finite number"),
+        ("policy.dropout", math.nan, "--policy.dropout=nan: must be a finite number"),
+        ("peft.lora_dropout", math.nan, "--peft.lora_dropout=nan: must be a finite number"),
+    ],
+)
+def test_a_non_finite_float_is_refused_wherever_it_is(dotted: str, value: object, line: str, tmp_path: Path) -> None:
+    """Through ``train_config.json`` as the tools read it (NaN and Infinity are JSON tokens ``json`` accepts);
+    the trainer reads its own flags through the same object (tests/train/test_train_startup.py)."""
+    config: dict = {
+        "steps": 10,
+        "collective_timeout_s": 600.0,
+        "optimizer": {"lr": 1e-4, "weight_decay": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip_norm": 10.0},
+        "scheduler": {"type": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.1},
+        "policy": {"type": "act", "dropout": 0.1, "path": "base"},  # a PEFT run needs its base
+        "peft": {"method_type": "LORA", "lora_dropout": 0.0},
+    }
+    group, _, name = dotted.rpartition(".")
+    (config[group] if group else config)[name] = value
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(config))
+    settings = read_saved_config(path).run_settings()
+    assert [r.message for r in setting_refusals(settings)] == [line]
 
 
 def test_every_refusal_is_listed_in_the_trainers_order() -> None:
@@ -203,6 +272,52 @@ def test_every_refusal_is_listed_in_the_trainers_order() -> None:
         "--accelerator.mixed_precision",
         "--peft.* needs --policy.path (the saved base policy the adapter is trained on)",
     ]
+
+
+# ====================================================================== dataset statistics
+
+DIMS = {"observation.state": 2, "action": 3}
+
+
+def _stats(**changes: object) -> dict:
+    stats = {
+        "observation.state": {"mean": [0.0, 1.0], "std": [1.0, 0.5]},
+        "action": {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 2.0]},
+    }
+    for dotted, value in changes.items():
+        column, key, index = dotted.split(":")
+        stats[column][key][int(index)] = value
+    return stats
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"action:std:1": 0.0}, "meta/stats.json: action.std[1]=0.0: must be a finite number above 0"),
+        ({"action:std:2": -1.0}, "meta/stats.json: action.std[2]=-1.0: must be a finite number above 0"),
+        (
+            {"observation.state:mean:1": math.nan, "observation.state:mean:0": math.inf},
+            "meta/stats.json: observation.state.mean[0]=inf (and 1 more): must be a finite number",
+        ),
+        (
+            {"observation.state:std:0": math.nan},
+            "meta/stats.json: observation.state.std[0]=nan: must be a finite number above 0",
+        ),
+    ],
+)
+def test_dataset_statistics_must_be_finite_with_a_positive_std(changes: dict[str, object], line: str) -> None:
+    assert stats_problem(_stats(**changes), DIMS) == line
+
+
+def test_dataset_statistics_must_describe_each_normalized_column() -> None:
+    assert stats_problem(_stats(), DIMS) is None
+    assert stats_problem({"action": _stats()["action"]}, DIMS) == "meta/stats.json: no statistics for observation.state"
+    assert stats_problem(_stats(), {"action": 4}) == (
+        "meta/stats.json: action.mean has 3 values, the frames' action has 4"
+    )
+    broken = _stats()
+    broken["action"]["std"] = "1.0"
+    assert stats_problem(broken, DIMS) == "meta/stats.json: action.std is not a list of numbers"
 
 
 # ====================================================================== data order and scaling

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +15,7 @@ from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.train.cli import main
 from ckpt_tools.train.env_guard import check_accelerate_env
 from ckpt_tools.train.parsing import parse_train_config
-from devtools.training import TINY, ok, script, train
+from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -79,6 +82,12 @@ def no_engine_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         (["--policy.type=mlp"], "--policy.dim_model: the mlp policy has no such field"),
         (["--accelerator.fsdp.ignored_modules=enc(oder"], "--accelerator.fsdp.ignored_modules: not a valid regex"),
         (["--peft.method_type=LORA", "--peft.r=4"], "--peft.* needs --policy.path"),
+        (["--scheduler.min_lr_ratio=nan"], "--scheduler.min_lr_ratio=nan: must be a finite number"),
+        (["--optimizer.lr=nan"], "--optimizer.lr=nan: must be a finite number"),
+        (["--optimizer.lr=1e400"], "--optimizer.lr=inf: must be a finite number"),
+        (["--optimizer.betas=[0.9,nan]"], "--optimizer.betas=[0.9, nan]: every value must be a finite number"),
+        (["--optimizer.lr=1e39"], "--optimizer.lr=1e+39: too large: AdamW's first step size"),
+        (["--max_nonfinite_steps=-1"], "--max_nonfinite_steps=-1: must be ≥ 0"),
     ],
 )
 def test_bad_flags_are_refused_with_one_line(
@@ -129,6 +138,22 @@ def test_a_refusal_is_one_line_and_exit_2_from_the_command(tmp_path: Path) -> No
     assert not (tmp_path / "b" / "checkpoints").exists()
 
 
+def test_a_dataset_with_a_nan_statistic_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Found when the dataset loads (the process group exists by then): a real ``ckpt-train`` process."""
+    root = tmp_path / "dataset"
+    shutil.copytree(FIXTURE_DATASET, root)
+    stats_path = root / "meta" / "stats.json"
+    stats = json.loads(stats_path.read_text())
+    stats["action"]["std"][5] = math.nan
+    stats_path.write_text(json.dumps(stats))
+    flags = [a for a in TINY if not a.startswith("--dataset.")]
+    proc = train(*flags, f"--dataset.root={root}", f"--output_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert line == f"error: dataset {root}: meta/stats.json: action.std[5]=nan: must be a finite number above 0"
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
 def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> None:
     """Every setting the start-up rules look at reaches them from the flags, through the saved form."""
     flags = [
@@ -150,6 +175,14 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
         "--peft.r=4",
         "--parallelism.dp_replicate=2",
         "--parallelism.dp_shard=-1",
+        "--optimizer.weight_decay=0.01",
+        "--optimizer.betas=[0.8,0.99]",
+        "--optimizer.eps=1e-6",
+        "--optimizer.grad_clip_norm=0",
+        "--scheduler.warmup_steps=3",
+        "--scheduler.min_lr_ratio=0.2",
+        "--policy.dropout=0.0",
+        "--max_nonfinite_steps=2",
     ]
     cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
     assert cfg.run_settings() == RunSettings(
@@ -174,6 +207,25 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
         policy_path=None,
         dp_replicate=2,
         dp_shard=-1,
+        numbers=(
+            ("--policy.dropout", 0.0),
+            ("--collective_timeout_s", 30.0),
+            ("--optimizer.lr", 3e-4),
+            ("--optimizer.weight_decay", 0.01),
+            ("--optimizer.betas", [0.8, 0.99]),
+            ("--optimizer.eps", 1e-6),
+            ("--optimizer.grad_clip_norm", 0.0),
+            ("--scheduler.min_lr_ratio", 0.2),
+            ("--peft.lora_dropout", 0.0),
+        ),
+        weight_decay=0.01,
+        betas=[0.8, 0.99],
+        eps=1e-6,
+        grad_clip_norm=0.0,
+        warmup_steps=3,
+        min_lr_ratio=0.2,
+        dropout=0.0,
+        max_nonfinite_steps=2,
     )
     other, _ = parse_train_config([*TINY, "--accelerator.fsdp.min_num_params=1000", f"--output_dir={tmp_path}"])
     assert other.run_settings().min_num_params == 1000 and not other.run_settings().peft

@@ -9,6 +9,7 @@ refusal is one line naming the trainer's flag; whoever asks gets the same line.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ OPTIMIZER_TYPES = ("adamw",)
 SCHEDULER_TYPES = ("cosine", "constant")
 PEFT_METHODS = ("LORA",)
 CHECKPOINT_FORMATS = tuple(f.value for f in CheckpointFormat)
+FLOAT32_MAX = 3.4028234663852886e38  # torch turns AdamW's step size and decay factor into float32 scalars
 
 # The trainer's flag for each setting a fix names.
 FLAGS = {
@@ -63,6 +65,17 @@ class RunSettings:
     policy_path: str | None = None  # None: no --policy.path (PEFT needs one)
     dp_replicate: int | None = None
     dp_shard: int | None = None
+    # Every float the config holds, and every list holding one, as (flag, value): each must be
+    # finite - a NaN or infinite hyper-parameter passes every comparison and trains to NaN.
+    numbers: tuple[tuple[str, object], ...] = ()
+    weight_decay: float | None = None
+    betas: Sequence[float] | None = None
+    eps: float | None = None
+    grad_clip_norm: float | None = None
+    warmup_steps: int | None = None
+    min_lr_ratio: float | None = None
+    dropout: float | None = None
+    max_nonfinite_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,79 @@ def _one_of(choices: Sequence[str]) -> str:
 
 def setting_refusals(s: RunSettings) -> list[Refusal]:
     """Every refusal that needs no world size, in the order the trainer checks them."""
-    return [Refusal(text) for text in _counts(s) + _choices(s) + _accelerator(s) + _peft(s)]
+    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s)
+    return [Refusal(text) for text in found]
+
+
+def _is_finite(value: object) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _finite(s: RunSettings) -> list[str]:
+    """NaN and ±inf fail no ``<=`` test, so they are refused first, by name, whatever the field."""
+    out = []
+    for flag, value in s.numbers:
+        if isinstance(value, (list, tuple)):
+            if not all(_is_finite(v) for v in value):
+                out.append(f"{flag}={list(value)}: every value must be a finite number")
+        elif not _is_finite(value):
+            out.append(f"{flag}={value}: must be a finite number")
+    return out
+
+
+def _ranges(s: RunSettings) -> list[str]:
+    """The bounds torch (or the schedule) needs; a non-finite value is :func:`_finite`'s to report."""
+
+    def below(value: float | None, low: float) -> bool:
+        return value is not None and math.isfinite(value) and value < low
+
+    def outside(value: float | None, low: float, high: float) -> bool:
+        return value is not None and math.isfinite(value) and not low <= value <= high
+
+    out = []
+    if below(s.weight_decay, 0):
+        out.append(f"--optimizer.weight_decay={s.weight_decay}: must be ≥ 0")
+    betas = list(s.betas) if s.betas is not None else []
+    finite_betas = s.betas is not None and all(_is_finite(b) for b in betas)
+    if finite_betas and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
+        out.append(f"--optimizer.betas={betas}: must be two numbers in [0, 1)")
+    out.extend(_overflows(s))
+    if below(s.eps, 0):
+        out.append(f"--optimizer.eps={s.eps}: must be ≥ 0")
+    if below(s.grad_clip_norm, 0):
+        out.append(f"--optimizer.grad_clip_norm={s.grad_clip_norm}: must be ≥ 0 (0 disables clipping)")
+    if s.warmup_steps is not None and s.warmup_steps < 0:
+        out.append(f"--scheduler.warmup_steps={s.warmup_steps}: must be ≥ 0")
+    if outside(s.min_lr_ratio, 0, 1):
+        out.append(
+            f"--scheduler.min_lr_ratio={s.min_lr_ratio}: must be between 0 and 1"
+            " (the fraction of --optimizer.lr the cosine schedule ends at)"
+        )
+    if outside(s.dropout, 0, 1):
+        out.append(f"--policy.dropout={s.dropout}: must be between 0 and 1")
+    if s.max_nonfinite_steps is not None and s.max_nonfinite_steps < 0:
+        out.append(f"--max_nonfinite_steps={s.max_nonfinite_steps}: must be ≥ 0 (0: stop at the first non-finite loss)")
+    return out
+
+
+def _overflows(s: RunSettings) -> list[str]:
+    """A finite lr so large that AdamW's first update overflows float32 (torch raises mid-step)."""
+    lr = s.lr
+    if lr is None or not math.isfinite(lr) or lr <= 0:
+        return []
+    out = []
+    betas = s.betas
+    if betas is not None and len(betas) == 2 and _is_finite(betas[0]) and 0 <= betas[0] < 1:
+        step_size = lr / (1 - betas[0])  # lr / bias correction at the first step
+        if step_size > FLOAT32_MAX:
+            out.append(
+                f"--optimizer.lr={lr}: too large: AdamW's first step size, lr / (1 - betas[0]) = {step_size:.3g},"
+                " overflows float32"
+            )
+    decay = s.weight_decay
+    if decay is not None and math.isfinite(decay) and lr * decay > FLOAT32_MAX:
+        out.append(f"--optimizer.lr={lr} × --optimizer.weight_decay={decay} = {lr * decay:.3g} overflows float32")
+    return out
 
 
 def _counts(s: RunSettings) -> list[str]:

@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     WRITE_FAILED = 4  # the output could not be written (disk full, permissions); inputs untouched
     HUB_FAILED = 5  # publishing to the Hugging Face Hub failed; local files untouched
     PEER_LOST = 6  # training: another rank died or stalled past --collective_timeout_s
+    NON_FINITE = 7  # training: the loss, the gradients or the weights became NaN or infinite
 
 
 class CkptError(Exception):
@@ -73,3 +74,12 @@ class PeerLost(CkptError):
     """Training: a collective failed because another rank died or stopped answering."""
 
     exit_code = ExitCode.PEER_LOST
+
+
+class NonFiniteError(CkptError):
+    """Training: a loss, a gradient norm or the state to be saved holds NaN or infinite values.
+
+    Nothing of it was committed: ``last`` still points at the previous checkpoint.
+    """
+
+    exit_code = ExitCode.NON_FINITE

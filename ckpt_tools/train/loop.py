@@ -18,6 +18,7 @@ from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.data.dataset import RobotDataset, load_dataset, resolve_root
 from ckpt_tools.train.data.processors import Pipeline, make_processors
 from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.nonfinite import NonFiniteGuard
 from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
@@ -160,6 +161,7 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
     report = Reporter(cfg, env, state.step, tracker)
     manager.on_commit = report.committed
     samples_log = SampleLog.open(cfg, env) if cfg.log_samples else None
+    guard = NonFiniteGuard(env, cfg.max_nonfinite_steps)
     stop = StopRequest.install()
     first_step_of_process = True
     state.parallel.module.train()
@@ -167,12 +169,17 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
         while state.step < cfg.steps:
             step = state.step + 1
             last_micro = step % cfg.grad_accum_steps == 0 or step == cfg.steps
-            loss = micro_step(state, dataset, step, last_micro, samples_log)
+            loss = float(micro_step(state, dataset, step, last_micro, samples_log).detach())
+            guard.observe(loss)
             if last_micro:
                 staging = manager.before_update()  # a background save's copy is taken before the update
                 if staging is not None:
                     report.staging(staging)
-                window.grad_norm = optimizer_step(state, params)
+                grad_norm, skipped = optimizer_step(state, params, guard)
+                if skipped is None:
+                    window.grad_norm = grad_norm
+                else:  # every rank: the reason was agreed
+                    report.skipped(step, skipped, guard.skip_or_stop(step, skipped, lambda: last_complete(manager)))
             state.scheduler.step()  # once per loop step, whatever the number of processes
             state.step = step
             window.add(loss)
@@ -200,10 +207,16 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
             samples_log.handle.close()
         stop.uninstall()
     if stop.stopping and state.step < cfg.steps:
-        last = layout.resolve_last(manager.root)
         raise TrainingStopped(
-            f"stopped by SIGTERM after step {state.step}; last complete checkpoint: {last if last else 'none'}"
+            f"stopped by SIGTERM after step {state.step}; last complete checkpoint: {last_complete(manager)}"
         )
+
+
+def last_complete(manager: CheckpointManager) -> str:
+    """The checkpoint a stopped run leaves, once an in-flight background save has been committed."""
+    manager.wait()
+    last = layout.resolve_last(manager.root)
+    return str(last) if last else "none"
 
 
 def micro_step(
@@ -225,14 +238,26 @@ def micro_step(
     return loss
 
 
-def optimizer_step(state: TrainingState, params: list[torch.nn.Parameter]) -> float:
-    """Unscale, clip, step, zero: the end of an accumulation window. Returns the gradient norm."""
+def optimizer_step(
+    state: TrainingState, params: list[torch.nn.Parameter], guard: NonFiniteGuard
+) -> tuple[float, str | None]:
+    """Unscale, clip, step, zero: the end of an accumulation window.
+
+    Returns the gradient norm, and why the update was skipped (None: it was applied). A
+    skipped update leaves the weights and the optimizer state as they were.
+    """
     parallel = state.parallel
     if parallel.ignored_params:
         all_reduce_ignored_grads(parallel)
     if state.scaler is not None:
         state.scaler.unscale_(state.optimizer)
     grad_norm = clip_grad_norm(params, state.cfg.optimizer.grad_clip_norm, parallel)
+    skipped = guard.agree(grad_norm if state.scaler is None else None)
+    if skipped is not None:
+        if state.scaler is not None:
+            state.scaler.update()  # closes the unscale_ above; an overflow lowers the scale, as on a skip of its own
+        state.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
     if state.scaler is not None:
         state.scaler.step(state.optimizer)
         state.scaler.update()
@@ -240,7 +265,7 @@ def optimizer_step(state: TrainingState, params: list[torch.nn.Parameter]) -> fl
         state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.optimizer_steps += 1
-    return grad_norm
+    return grad_norm, None
 
 
 def agree(env: DistEnv, decision: bool) -> bool:

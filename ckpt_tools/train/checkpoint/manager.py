@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from ckpt_tools import __version__
-from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.errors import CheckpointError, CkptError, NonFiniteError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.format.rules.startup import saved_format
-from ckpt_tools.train.checkpoint import rng, state_dicts
+from ckpt_tools.train.checkpoint import finite, rng, state_dicts
 from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 from ckpt_tools.train.checkpoint.training_state import TrainingState
@@ -178,10 +178,15 @@ class CheckpointManager:
         in_flight.join()
 
     def _capture(self, step: int) -> SaveJob:
-        """Collective: everything the checkpoint of ``step`` will hold, and an empty partial dir."""
+        """Collective: everything the checkpoint of ``step`` will hold, and an empty partial dir.
+
+        State holding NaN or ±inf is refused here, before anything is written, on every rank.
+        """
         s = self.state
         only = self._peft_trainable()
         model = state_dicts.sharded_model_state(s.parallel, only)  # views of the live shards, no copies
+        optimizer = state_dicts.sharded_optimizer_state(s.parallel, s.optimizer)
+        self._refuse_nonfinite(step, model, optimizer)
         peft = s.peft_model is not None
         assert s.cfg.policy is not None
         job = SaveJob(
@@ -190,7 +195,7 @@ class CheckpointManager:
             final_name=layout.step_dir_name(step, s.cfg.steps),
             env=s.env,
             model=model,
-            optimizer=state_dicts.sharded_optimizer_state(s.parallel, s.optimizer),
+            optimizer=optimizer,
             rng_states=rng.gather_rng_states(s.env),
             record=self.record(step),
             policy_config=s.cfg.policy,
@@ -204,6 +209,13 @@ class CheckpointManager:
             prepare_partial(job)
         barrier(s.env)
         return job
+
+    def _refuse_nonfinite(self, step: int, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        """Collective: :class:`NonFiniteError` on every rank when any rank's shards hold NaN or ±inf."""
+        bad, total = finite.nonfinite_names(self.state.env, {"model": model, "optimizer": optimizer})
+        if bad:
+            last = layout.resolve_last(self.root)  # any earlier background save was committed by now
+            raise NonFiniteError(finite.refusal(step, bad, total, str(last) if last else "none"))
 
     def _background_groups(self) -> SaveGroups:
         if self._groups is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,17 +21,20 @@ class MetricsWindow:
     env: DistEnv
     samples_per_step: int  # batch_size × dp_world_size: what one loop step consumes cluster-wide
     loss_sum: float = 0.0
+    loss_steps: int = 0  # steps with a finite loss: a skipped step's NaN does not make the mean NaN
     steps: int = 0
     grad_norm: float | None = None
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: torch.Tensor) -> None:
-        self.loss_sum += float(loss.detach())
+    def add(self, loss: float) -> None:
+        if math.isfinite(loss):
+            self.loss_sum += loss
+            self.loss_steps += 1
         self.steps += 1
 
     def reduce(self) -> dict[str, float]:
-        """Collective: the window's mean loss over all ranks and the cluster throughput."""
-        loss = torch.tensor([self.loss_sum, float(self.steps)], dtype=torch.float64)
+        """Collective: the window's mean (finite) loss over all ranks and the cluster throughput."""
+        loss = torch.tensor([self.loss_sum, float(self.loss_steps)], dtype=torch.float64)
         if self.env.distributed:
             device_loss = loss.to(self.env.device)
             dist.all_reduce(device_loss)
@@ -42,7 +46,7 @@ class MetricsWindow:
         }
         if self.grad_norm is not None:
             out["grad_norm"] = self.grad_norm
-        self.loss_sum, self.steps, self.started = 0.0, 0, time.perf_counter()
+        self.loss_sum, self.loss_steps, self.steps, self.started = 0.0, 0, 0, time.perf_counter()
         return out
 
 

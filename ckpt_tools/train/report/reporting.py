@@ -75,6 +75,11 @@ class Reporter:
         if self.log is not None:
             self.log.write(record)
 
+    def skipped(self, step: int, reason: str, line: str) -> None:
+        """An optimizer update skipped for a non-finite loss or gradient (--max_nonfinite_steps)."""
+        self._event({"event": "skipped_update", "step": step, "reason": reason})
+        self.say(line)
+
     def checkpoint(self, stats: SaveStats) -> None:
         self._event(
             {

@@ -13,6 +13,10 @@ a crashed partial save, an unreferenced shard file, the 0.6.x layout that cannot
 interrupted ``convert-dcp --delete-dcp``, named as :mod:`ckpt_tools.io.fsutil` names them).
 ``healthy`` is true when no check failed.
 
+``check_values=True`` (``inspect --check-values``) also reads every tensor's data, a block at a
+time (:mod:`ckpt_tools.values`), and fails a ``<file> values`` check for each weights or
+optimizer container holding NaN or infinite values, listing them in ``nonfinite``.
+
 ``InspectReport.to_dict`` (what ``inspect --json`` prints) holds every field of the report
 plus ``healthy``; each check is ``{"name", "status", "message"}``, the shape ``verify-resume``
 and ``reshard-plan`` use too.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 from ckpt_tools.st.index import read_index
+from ckpt_tools.values import NonFinite, ValueScan, scan_dcp, scan_safetensors
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class InspectReport:
     inspected_step: str | None = None
     tensors: list[TensorInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    values_checked: bool = False  # every tensor's data was read (check_values)
+    nonfinite: list[NonFinite] = field(default_factory=list)  # tensors holding NaN or inf (values_checked)
 
     @property
     def healthy(self) -> bool:
@@ -109,10 +117,13 @@ class InspectReport:
 # ====================================================================== entry point
 
 
-def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False) -> InspectReport:
-    """Inspect ``path``; raises :class:`CheckpointError` only when it is not a checkpoint at all."""
+def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_values: bool = False) -> InspectReport:
+    """Inspect ``path``; raises :class:`CheckpointError` only when it is not a checkpoint at all.
+
+    ``check_values`` reads every tensor's data too (of every step, on a checkpoints root).
+    """
     located = L.locate(path)
-    report = InspectReport(path=str(located.path), kind=located.kind.value)
+    report = InspectReport(path=str(located.path), kind=located.kind.value, values_checked=check_values)
     kind = located.kind
     if kind is L.PathKind.CHECKPOINTS_ROOT:
         _inspect_root(located.path, report, tensors)
@@ -156,7 +167,7 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
         return
     target = last if last is not None and last in [s.resolve() for s in steps] else steps[-1]
     for step_dir in steps:
-        sub = InspectReport(path=str(step_dir), kind=L.PathKind.STEP_DIR.value)
+        sub = InspectReport(path=str(step_dir), kind=L.PathKind.STEP_DIR.value, values_checked=report.values_checked)
         _inspect_step(L.StepPaths(step_dir), sub, tensors and step_dir.resolve() == target.resolve())
         failed = sum(c.failed for c in sub.checks)
         report.steps.append(StepSummary(step_dir.name, L.StepPaths(step_dir).step, sub.healthy, failed))
@@ -175,6 +186,7 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
     report.leftovers += [f"{name}/{rel}" for rel in sub.leftovers]
+    report.nonfinite = sub.nonfinite
 
 
 # ====================================================================== one step
@@ -333,7 +345,33 @@ def _header_check(path: Path, rel: str, report: InspectReport) -> SafetensorsHea
         report.checks.append(Check.fail(rel, "; ".join(header.problems[:3])))
     else:
         report.checks.append(Check.ok(rel, f"header sane, {len(header.entries)} tensors, {header.file_size} bytes"))
+        if report.values_checked:
+            _values_check(rel, report, lambda: scan_safetensors(header, rel))
     return header
+
+
+def _values_check(rel: str, report: InspectReport, scan: Callable[[], ValueScan]) -> None:
+    """Read one container's tensor data: a ``<rel> values`` check, failed by any NaN or infinity."""
+    name = f"{rel} values"
+    try:
+        found = scan()
+    except CkptError as e:
+        report.checks.append(Check.fail(name, str(e)))
+        return
+    report.nonfinite.extend(found.nonfinite)
+    if not found.nonfinite:
+        what = f"{found.tensors} floating-point tensors, {found.values} values" if found.tensors else "no float tensors"
+        report.checks.append(Check.ok(name, f"{what}: all finite" if found.tensors else what))
+        return
+    shown = ", ".join(n.describe() for n in found.nonfinite[:3])
+    more = f" and {len(found.nonfinite) - 3} more" if len(found.nonfinite) > 3 else ""
+    report.checks.append(
+        Check.fail(
+            name,
+            f"{len(found.nonfinite)} of {found.tensors} floating-point tensors hold NaN or infinite values:"
+            f" {shown}{more}",
+        )
+    )
 
 
 def _inspect_index(path: Path, rel: str, report: InspectReport, tensors: bool) -> None:
@@ -409,7 +447,10 @@ def _inspect_dcp(
         )
     )
     if not problems:
-        report.checks.append(_archive_check(index, rel))
+        archives = _archive_check(index, rel)
+        report.checks.append(archives)
+        if report.values_checked and not archives.failed:
+            _values_check(rel, report, lambda: scan_dcp(index, rel))
     unreferenced = index.unreferenced_files()
     if unreferenced:
         report.checks.append(Check.warn(f"{rel} files", f"not referenced by .metadata: {', '.join(unreferenced)}"))

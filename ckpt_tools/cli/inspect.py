@@ -12,13 +12,16 @@ from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes, human_count
 
-INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only.
+INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only
+(unless --check-values).
 
 PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir or a
 single .safetensors file. Prints the formats present, PEFT or not, processors, the run's
 topology and batch factorization (training_step.json), parameters and bytes by dtype,
 per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
-format, metadata consistency, chunk coverage, file sizes, safetensors headers.
+format, metadata consistency, chunk coverage, file sizes, safetensors headers. --check-values
+also reads every tensor's data (the whole checkpoint, a block at a time) and counts NaN and
+infinite values per tensor: any makes the checkpoint UNHEALTHY.
 
 \b
 Examples:
@@ -26,9 +29,11 @@ Examples:
   ckpt-tools inspect outputs/train/checkpoints/last --tensors
   ckpt-tools inspect outputs/train/checkpoints/005000/pretrained_model/pytorch_model_fsdp_0 --json
   ckpt-tools inspect model.safetensors
+  ckpt-tools inspect outputs/train/checkpoints/last --check-values
 
 Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
 """
+NONFINITE_SHOWN = 20  # tensors with NaN or inf listed in the text output
 
 
 @app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
@@ -36,11 +41,19 @@ Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a check
 def inspect_command(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint path (see above).")],
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor: name, dtype, shape, chunks.")] = False,
+    check_values: Annotated[
+        bool,
+        typer.Option(
+            "--check-values",
+            help="Also read every tensor's data and count NaN and infinite values per tensor (any is UNHEALTHY);"
+            " reads the whole checkpoint (on a checkpoints root: every step).",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     from ckpt_tools.inspect import inspect_path
 
-    report = inspect_path(path, tensors=tensors)
+    report = inspect_path(path, tensors=tensors, check_values=check_values)
     if json_out:
         emit_json(report.to_dict())
     else:
@@ -83,6 +96,12 @@ def _print_report(report: Any, tensors: bool) -> None:
         for t in report.tensors:
             chunks = f"  {len(t.chunks)} chunks" if t.chunks else ""
             echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
+    if report.nonfinite:
+        echo("Non-finite values:")
+        for n in report.nonfinite[:NONFINITE_SHOWN]:
+            echo(f"  {n.file}: {n.tensor}: {n.nan} NaN, {n.inf} inf")
+        if len(report.nonfinite) > NONFINITE_SHOWN:
+            echo(f"  ... and {len(report.nonfinite) - NONFINITE_SHOWN} more tensors (--json lists every one)")
     echo("Checks:")
     for c in report.checks:
         mark = {"pass": "ok  ", "fail": "FAIL"}.get(c.status, c.status)

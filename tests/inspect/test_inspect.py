@@ -1,9 +1,12 @@
-"""``inspect``: what a checkpoint holds, its topology, per-rank shards and health, from headers only."""
+"""``inspect``: what a checkpoint holds, its topology, per-rank shards and health, from headers only
+(and, with ``--check-values``, whether any tensor holds NaN or infinite values)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from pathlib import Path
 
 from ckpt_tools.format.record import read_training_step
@@ -165,3 +168,82 @@ def test_step_converted_with_delete_dcp_stays_healthy(ckpts: Path, tmp_path: Pat
     report = inspect_json(str(step))
     assert report["healthy"] is True and report["formats"][0] == "safetensors"
     assert any(c["name"] == "weights converted" and c["status"] == "warn" for c in report["checks"])
+
+
+# ====================================================================== --check-values
+
+
+def poke_safetensors(path: Path, tensor: str, values: dict[int, float]) -> None:
+    """Overwrite elements of a float32 tensor in place (offsets from the file's own header)."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    begin = json.loads(data[8 : 8 + n])[tensor]["data_offsets"][0]
+    with path.open("r+b") as f:
+        for index, value in values.items():
+            f.seek(8 + n + begin + 4 * index)
+            f.write(struct.pack("<f", value))
+
+
+def poke_dcp(directory: Path, fqn: str, values: dict[int, float]) -> None:
+    """Overwrite elements of the first chunk of a float32 tensor in its ``.distcp`` file."""
+    from ckpt_tools.dcp.files import ShardFiles
+    from ckpt_tools.dcp.index import ChunkIndex
+    from ckpt_tools.dcp.validate import tensor_layouts
+
+    index = ChunkIndex.load(directory)
+    entry = index.tensors[fqn]
+    with ShardFiles(index.root) as files:
+        layout = tensor_layouts(entry, files)[0]
+    with (directory / entry.chunks[0].file).open("r+b") as f:
+        for i, value in values.items():
+            f.seek(layout.data_offset + 4 * i)
+            f.write(struct.pack("<f", value))
+
+
+def test_check_values_counts_nan_and_inf_per_tensor(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A real FSDP step (model.safetensors + model and optimizer DCP) with NaN and inf written into it."""
+    import torch
+
+    from devtools.training import dcp_to_dict
+
+    step = copy_tree(runs["fsdp"] / "checkpoints" / "000004", tmp_path / "000004")
+    clean = inspect_path(step, check_values=True)
+    assert clean.healthy and clean.nonfinite == []
+    assert [c.name for c in clean.checks if c.name.endswith(" values")][:3] == [
+        "pretrained_model/model.safetensors values",
+        "pretrained_model/pytorch_model_fsdp_0 values",
+        "training_state/optimizer_0 values",
+    ]
+    weights = step / "pretrained_model" / "model.safetensors"
+    poke_safetensors(weights, "encoder.layers.0.linear1.weight", {0: math.nan, 7: math.nan, 9: math.inf})
+    optimizer = step / "training_state" / "optimizer_0"
+    slot = "optimizer.state.encoder.layers.0.linear1.weight.exp_avg_sq"
+    poke_dcp(optimizer, slot, {1: -math.inf})
+    # What torch reads back holds exactly what was written.
+    from safetensors.torch import load_file
+
+    poked = load_file(str(weights))["encoder.layers.0.linear1.weight"]
+    assert int(poked.isnan().sum()) == 2 and int(poked.isinf().sum()) == 1
+    torch_slot = dcp_to_dict(optimizer, tmp_path)["optimizer"]["state"]["encoder.layers.0.linear1.weight"]["exp_avg_sq"]
+    assert int(torch.isinf(torch_slot).sum()) == 1 and not torch_slot.isnan().any()
+
+    assert inspect_path(step).healthy  # headers only: no tensor data is read without the option
+    report = inspect_json(str(step), "--check-values", code=1, no_torch=True)  # a real process, torch-free
+    assert report["values_checked"] is True and report["healthy"] is False
+    assert report["nonfinite"] == [
+        {
+            "file": "pretrained_model/model.safetensors",
+            "tensor": "encoder.layers.0.linear1.weight",
+            "nan": 2,
+            "inf": 1,
+        },
+        {"file": "training_state/optimizer_0", "tensor": slot, "nan": 0, "inf": 1},
+    ]
+    assert failed(report) == [
+        "pretrained_model/model.safetensors values: 1 of 48 floating-point tensors hold NaN or infinite values:"
+        " encoder.layers.0.linear1.weight (2 NaN, 1 inf)",
+        f"training_state/optimizer_0 values: 1 of 144 floating-point tensors hold NaN or infinite values: {slot} (1 inf)",
+    ]
+    text = invoke_cli("inspect", str(step), "--check-values")
+    assert text.returncode == 1 and "UNHEALTHY" in text.stdout
+    assert "pretrained_model/model.safetensors: encoder.layers.0.linear1.weight: 2 NaN, 1 inf" in text.stdout

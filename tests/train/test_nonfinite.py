@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from ckpt_tools.errors import ConfigError, ExitCode, NonFiniteError
 from ckpt_tools.format.record import Topology, read_training_step
 from ckpt_tools.inspect import inspect_path
+from ckpt_tools.train.checkpoint.finite import nonfinite_names
 from ckpt_tools.train.checkpoint.manager import CheckpointManager
 from ckpt_tools.train.data.dataset import load_dataset
 from ckpt_tools.train.loop import build_state
@@ -123,6 +124,20 @@ def test_a_state_holding_nan_is_not_saved_and_last_stays(tmp_path: Path) -> None
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["000001", "last"]  # nothing written, not even hidden
     assert os.readlink(root / "last") == "000001"
+
+
+def test_the_gate_flags_exactly_the_tensors_holding_nan_or_inf() -> None:
+    """A sum screens each tensor; one whose sum overflows though every value is finite is not flagged."""
+    model = {
+        "huge": torch.full((10,), 3e38),  # finite; its float32 sum is inf
+        "half": torch.full((1000,), 60000.0, dtype=torch.float16),  # finite; an fp16 sum would overflow
+        "ints": torch.arange(5),
+        "nan": torch.tensor([1.0, float("nan")]),
+    }
+    optimizer = {"state": {"w": {"exp_avg_sq": torch.tensor([0.0, float("-inf")]), "step": torch.tensor(2.0)}}}
+    bad, total = nonfinite_names(SINGLE, {"model": model, "optimizer": optimizer})
+    assert (bad, total) == (["model.nan", "optimizer.state.w.exp_avg_sq"], 5)
+    assert nonfinite_names(SINGLE, {"model": {k: v for k, v in model.items() if k != "nan"}}) == ([], 2)
 
 
 # ====================================================================== the dataset

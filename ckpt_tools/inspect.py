@@ -358,6 +358,9 @@ def _values_check(rel: str, report: InspectReport, scan: Callable[[], ValueScan]
     except CkptError as e:
         report.checks.append(Check.fail(name, str(e)))
         return
+    except OSError as e:  # a read error mid-file (the headers were readable)
+        report.checks.append(Check.fail(name, f"{e.filename or rel}: unreadable ({e.strerror or e})"))
+        return
     report.nonfinite.extend(found.nonfinite)
     if not found.nonfinite:
         what = f"{found.tensors} floating-point tensors, {found.values} values" if found.tensors else "no float tensors"

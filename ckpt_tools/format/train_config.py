@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,19 +63,28 @@ def _floats(data: Any, dotted: str) -> list[float] | None:
     return [float(v) for v in value]
 
 
-def numbers(data: Any, prefix: str = "") -> list[tuple[str, object]]:
+def numbers(data: Any) -> list[tuple[str, object]]:
     """Every float of the config, and every list holding one, as (``--dotted.flag``, value).
 
     JSON reads ``NaN`` and ``Infinity`` as floats, and so does the trainer's flag parser:
     the start-up rules refuse them wherever they appear, without a list of fields to forget.
+    Walked with an explicit stack: a hostile file nested as deep as ``json`` parses costs no
+    recursion.
     """
     out: list[tuple[str, object]] = []
     if not isinstance(data, dict):
         return out
-    for key, value in data.items():
+    stack: list[tuple[str, Iterator[tuple[Any, Any]]]] = [("", iter(data.items()))]
+    while stack:
+        prefix, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
+            continue
+        key, value = item
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict):
-            out.extend(numbers(value, dotted))
+            stack.append((dotted, iter(value.items())))
         elif isinstance(value, float) or (isinstance(value, list) and any(isinstance(v, float) for v in value)):
             out.append((f"--{dotted}", value))
     return out

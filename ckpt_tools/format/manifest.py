@@ -44,6 +44,7 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import looks_like_adapter
 from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.format.train_config import SavedConfig
 
 PM, TS = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
@@ -85,9 +86,13 @@ class Variant:
         return False
 
     @property
+    def saved(self) -> CheckpointFormat:
+        """The format the files follow (the saving rule: a non-sharded run saves one safetensors file)."""
+        return saved_format(self.format, self.sharded)
+
+    @property
     def _gathered(self) -> bool:
-        """A non-sharded run has nothing to shard: its weights are always one file."""
-        return not self.sharded or self.format.has_gathered
+        return self.saved.has_gathered
 
     @property
     def gathered_model(self) -> bool:
@@ -99,7 +104,7 @@ class Variant:
 
     @property
     def dcp_model(self) -> bool:
-        return not self.legacy and self.sharded and self.format.has_dcp
+        return not self.legacy and self.saved.has_dcp
 
     @property
     def sharded_optimizer(self) -> bool:

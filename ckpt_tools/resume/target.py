@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ckpt_tools.errors import UsageError
-from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.format.rules.startup import (
-    MIXED_PRECISION_CHOICES,
     Refusal,
     RunSettings,
+    mesh_value_refusal,
+    resolve_parallelism,
     setting_refusals,
     world_refusals,
 )
@@ -25,6 +25,16 @@ from ckpt_tools.format.train_config import SavedConfig
 
 # This tool's flag for each setting a start-up fix names.
 TOOL_FLAGS = {"dp_replicate": "--dp-replicate", "dp_shard": "--dp-shard", "checkpoint_format": "--checkpoint-format"}
+# The trainer's flag -> this tool's, for the settings a request overrides.
+_TOOL_SPELLING = {
+    "--parallelism.dp_replicate": "--dp-replicate",
+    "--parallelism.dp_shard": "--dp-shard",
+    "--accelerator.gradient_accumulation.steps": "--grad-accum",
+    "--accelerator.mixed_precision": "--mixed-precision",
+    "--checkpoint_format": "--checkpoint-format",
+    "--batch_size": "--batch-size",
+    "world size": "--nproc",
+}
 
 
 @dataclass(frozen=True)
@@ -41,29 +51,30 @@ class TargetRequest:
     nnodes: int | None = None
 
     def check(self) -> None:
-        """Flag values that can never work, whatever the checkpoint: a usage error (exit 2)."""
-        for flag, value in (
-            ("--nproc", self.nproc),
-            ("--batch-size", self.batch_size),
-            ("--grad-accum", self.grad_accum),
-            ("--nnodes", self.nnodes),
-            ("--dp-replicate", self.dp_replicate),
-        ):
+        """Flag values that can never work, whatever the checkpoint: a usage error (exit 2).
+
+        The values are judged by the trainer's own start-up rules; only the message is spelled
+        with this tool's flags.
+        """
+        for flag, value in (("--nproc", self.nproc), ("--nnodes", self.nnodes)):
             if value is not None and value <= 0:
                 raise UsageError(f"{flag}={value}: must be a positive integer")
-        if self.dp_shard is not None and self.dp_shard <= 0 and self.dp_shard != -1:
-            raise UsageError(f"--dp-shard={self.dp_shard}: must be ≥ 1 or -1 (all processes)")
-        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION_CHOICES:
-            raise UsageError(f"--mixed-precision={self.mixed_precision}: choose no, bf16 or fp16")
-        if self.checkpoint_format is not None and self.checkpoint_format not in {f.value for f in CheckpointFormat}:
-            raise UsageError(
-                f"--checkpoint-format={self.checkpoint_format}: choose safetensors, dcp or safetensors_dcp"
-            )
         if self.nproc is not None and self.nnodes is not None and self.nproc % self.nnodes:
             raise UsageError(f"--nnodes={self.nnodes} does not divide --nproc={self.nproc}")
-        r, s = self.dp_replicate, self.dp_shard
-        if self.nproc is not None and r is not None and s is not None and s != -1 and r * s not in (1, self.nproc):
-            raise UsageError(f"--dp-replicate × --dp-shard = {r}×{s} = {r * s} ≠ --nproc {self.nproc}")
+        alone = RunSettings(
+            batch_size=self.batch_size,
+            grad_accum_steps=self.grad_accum,
+            mixed_precision=self.mixed_precision,
+            checkpoint_format=self.checkpoint_format,
+        )
+        refusals = setting_refusals(alone)
+        mesh = mesh_value_refusal(self.dp_replicate, self.dp_shard)
+        if mesh is None and self.nproc is not None and self.dp_replicate is not None and self.dp_shard is not None:
+            _, mesh = resolve_parallelism(self.dp_replicate, self.dp_shard, self.nproc)
+        if mesh is not None:
+            refusals.insert(0, mesh)
+        if refusals:
+            raise UsageError(_tool_spelling(refusals[0].reason))
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,12 @@ def _same_nodes(record: TrainingStep, world: int) -> int | None:
     if record.topology is not None and record.topology.world_size == world:
         return record.topology.nnodes
     return None
+
+
+def _tool_spelling(line: str) -> str:
+    for trainer, tool in _TOOL_SPELLING.items():
+        line = line.replace(trainer, tool)
+    return line.replace(" (processes launched)", "")
 
 
 def _with_tool_flags(refusal: Refusal) -> str:

@@ -280,8 +280,9 @@ def resolve_parallelism(dp_replicate: int, dp_shard: int, world_size: int) -> tu
     is a plain multi-process launch, DDP over every process.
     """
     r, s = dp_replicate, dp_shard
-    if r <= 0:
-        return None, Refusal(f"--parallelism.dp_replicate={r}: must be ≥ 1")
+    refusal = mesh_value_refusal(r, s)
+    if refusal is not None:
+        return None, refusal
     if s == -1:
         if world_size % r:
             return None, Refusal(
@@ -289,8 +290,6 @@ def resolve_parallelism(dp_replicate: int, dp_shard: int, world_size: int) -> tu
                 f" is not divisible by {r}"
             )
         s = world_size // r
-    elif s <= 0:
-        return None, Refusal(f"--parallelism.dp_shard={s}: must be ≥ 1 or -1 (all launched processes)")
     if r * s == 1 and world_size > 1:
         return (world_size, 1), None
     if r * s != world_size:
@@ -300,6 +299,15 @@ def resolve_parallelism(dp_replicate: int, dp_shard: int, world_size: int) -> tu
             _fitting(world_size),
         )
     return (r, s), None
+
+
+def mesh_value_refusal(dp_replicate: int | None, dp_shard: int | None) -> Refusal | None:
+    """Mesh sizes that no world size accepts (None: not given)."""
+    if dp_replicate is not None and dp_replicate <= 0:
+        return Refusal(f"--parallelism.dp_replicate={dp_replicate}: must be ≥ 1")
+    if dp_shard is not None and dp_shard <= 0 and dp_shard != -1:
+        return Refusal(f"--parallelism.dp_shard={dp_shard}: must be ≥ 1 or -1 (all launched processes)")
+    return None
 
 
 def _fitting(world_size: int) -> tuple[Fix, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import draccus
 
@@ -195,3 +196,10 @@ class TrainConfig:
             raise ConfigError(refusals[0].message)
         assert mesh is not None
         return mesh
+
+
+def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as ``train_config.json`` holds it (and the experiment tracker records it)."""
+    encoded = draccus.encode(cfg)
+    assert isinstance(encoded, dict)
+    return encoded

@@ -47,7 +47,7 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def test_the_trainer_records_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckpt_tools.train.checkpoint.manager import train_config_dict
+    from ckpt_tools.train.config import train_config_dict
     from ckpt_tools.train.parsing import parse_train_config
 
     monkeypatch.chdir(tmp_path)

@@ -27,9 +27,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ckpt_tools.errors import CheckpointError, WriteError
 from ckpt_tools.st.writer import build_header, describe_os_error
-from ckpt_tools.train.checkpoint.safetensors_io import as_bytes, tensor_to_write
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.wrap import ParallelModel
+from ckpt_tools.train.safetensors_io import as_bytes, tensor_to_write
 
 
 @dataclass(frozen=True)

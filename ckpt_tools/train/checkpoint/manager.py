@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import draccus
 import torch
 import torch.distributed as dist
 
@@ -33,7 +32,7 @@ from ckpt_tools.train.checkpoint import finite, rng, state_dicts
 from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 from ckpt_tools.train.checkpoint.training_state import TrainingState
-from ckpt_tools.train.config import TrainConfig
+from ckpt_tools.train.config import train_config_dict
 from ckpt_tools.train.parallel.distributed import DistEnv, barrier, is_transport_failure
 from ckpt_tools.train.report.procstats import PeakMemory, now
 
@@ -280,9 +279,3 @@ def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:
     out: list[int | None] = [None] * env.world_size
     dist.all_gather_object(out, value)
     return out
-
-
-def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    encoded = draccus.encode(cfg)
-    assert isinstance(encoded, dict)
-    return encoded

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.safetensors_io import save_state_dict
 
 
 def local_rng_state() -> dict[str, torch.Tensor]:

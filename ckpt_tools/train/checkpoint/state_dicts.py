@@ -29,8 +29,8 @@ from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
 from ckpt_tools.format.param_groups import param_groups_document, read_param_groups
 from ckpt_tools.io.fsutil import write_json_atomic
-from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.parallel.wrap import ParallelModel
+from ckpt_tools.train.safetensors_io import save_state_dict
 
 
 def trainable_names(parallel: ParallelModel) -> set[str]:

@@ -14,8 +14,8 @@ from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
-from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
 from ckpt_tools.train.policies.configs import PolicyConfig
+from ckpt_tools.train.safetensors_io import save_state_dict
 
 
 class PreTrainedPolicy(nn.Module):

@@ -20,7 +20,7 @@ class TrackioTracker:
             import trackio
         except ImportError:
             raise ConfigError("--trackio.enable=true needs trackio: pip install 'ckpt-tools[tracking]'") from None
-        from ckpt_tools.train.checkpoint.manager import train_config_dict
+        from ckpt_tools.train.config import train_config_dict
 
         project = cfg.trackio.project or cfg.job_name or "ckpt-tools"
         # Local logging only: no background system-metrics threads in a training process.

@@ -22,6 +22,7 @@ from tests.fakes.hub.server import HubServer
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 from tests.support.lanes import starts_jobs
+from tests.support.shared import shared_dir
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
 
@@ -49,8 +50,15 @@ def pytest_sessionfinish() -> None:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """8-step runs saving every 4 steps: DDP(2) safetensors, FSDP(2) safetensors_dcp, HSDP(2×2) dcp."""
-    root = tmp_path_factory.mktemp("layouts")
-    out = {name: root / name for name in ("ddp", "fsdp", "hsdp")}
+    root = shared_dir(tmp_path_factory, "layouts", _train_layouts)
+    return {name: root / name for name in LAYOUTS}
+
+
+LAYOUTS = ("ddp", "fsdp", "hsdp")
+
+
+def _train_layouts(root: Path) -> None:
+    out = {name: root / name for name in LAYOUTS}
     ok(train(*RUN, f"--output_dir={out['ddp']}", nproc=2))
     ok(
         train(
@@ -73,13 +81,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         )
     )
     (root / "hsdp.stdout").write_text(hsdp.stdout)
-    return out
 
 
 @pytest.fixture(scope="session")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The DCP checkpoints torch wrote under a 4-rank torchrun (paths in tests/support/dcp_fixtures.py)."""
-    return write_checkpoints(tmp_path_factory.mktemp("dcp"))
+    return shared_dir(tmp_path_factory, "dcp", write_checkpoints)
 
 
 @pytest.fixture

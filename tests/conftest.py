@@ -32,6 +32,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("torchrun") is None and starts_jobs(item):
             item.add_marker(pytest.mark.torchrun)
+    # Files that start jobs first, so that under xdist (one file per worker) the long ones are
+    # not left for the end and the quick in-process files fill the last gaps of both workers.
+    slow_files = {item.path for item in items if item.get_closest_marker("torchrun") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.hookimpl(tryfirst=True)

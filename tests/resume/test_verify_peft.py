@@ -18,9 +18,13 @@ from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import TINY, ok, step_dir, train
-from tests.resume.test_plan_audit import assert_plan_is_true, resume_args
+from tests.support.resume_audit import assert_plan_is_true
 
 pytestmark = pytest.mark.torchrun  # every test here starts ckpt-train
+
+
+def resume_args(checkpoint: Path, output_dir: Path, *extra: str) -> list[str]:
+    return ["--resume=true", f"--config_path={checkpoint}", f"--output_dir={output_dir}", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Resume: bit-exact on the same topology, resharding onto others, data order, 0.6.x refusal."""
+"""Resume: bit-exact on the same topology, resharding onto others (as reshard-plan predicts), data order, 0.6.x refusal."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ckpt_tools.resume.plan import plan_reshard
+from ckpt_tools.resume.target import TargetRequest
+from ckpt_tools.resume.verify import verify_resume
 from devtools.training import (
     LEGACY_CHECKPOINT,
     TINY,
@@ -20,6 +23,7 @@ from devtools.training import (
     step_dir,
     train,
 )
+from tests.support.resume_audit import assert_plan_is_true
 
 NOT_EXACT = "warning: data order is not sample-exact"
 
@@ -83,12 +87,29 @@ def test_single_process_resume_with_grad_accumulation_is_bit_exact(tmp_path: Pat
 
 
 def test_fsdp_checkpoint_reshards_onto_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
-    src = step_dir(runs["fsdp"], 4)
+    """Also without its RNG state: that is read only on an unchanged world size, so 2 → 1 still resumes."""
+    src_run = tmp_path / "fsdp-run"
+    src = copy_checkpoint(runs["fsdp"], 4, src_run)
+    (src / "training_state/rng_state.safetensors").unlink()
+    same = verify_resume(src)
+    assert not same.resumable and [c.name for c in same.failures] == ["rng-state"]
+    target = TargetRequest(nproc=1, dp_shard=1, checkpoint_format="safetensors")
+    assert verify_resume(src, target).resumable
+    plan = plan_reshard(src, target)
+    assert plan.workable and plan.target.layout == "single"
+    assert [r.dcp_reads() for r in plan.ranks] == [
+        {  # one process reads every saved span of both DCP directories, whole files
+            f"{d}/{f.name}": f.stat().st_size
+            for d in ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0")
+            for f in sorted((src / d).glob("*.distcp"))
+        }
+    ]
     out = tmp_path / "single"
     proc = ok(train(*resume_args(src, out, "--parallelism.dp_shard=1", "--checkpoint_format=safetensors", "--steps=4")))
     assert NOT_EXACT in proc.stdout
     # Not the run the checkpoint is in: said at start-up, before anything is written.
-    assert f"warning: resuming step 000004 of run {runs['fsdp'].resolve()} into --output_dir={out}:" in proc.stdout
+    assert f"warning: resuming step 000004 of run {src_run.resolve()} into --output_dir={out}:" in proc.stdout
+    assert_plan_is_true(plan, out)
     restored = step_dir(out, 4)
     assert_tensors_equal(gathered_weights(out, 4), gathered_weights(runs["fsdp"], 4))
     assert_tensors_equal(flat_optimizer(restored), dcp_optimizer(src, tmp_path))
@@ -98,11 +119,19 @@ def test_fsdp_checkpoint_reshards_onto_one_process(runs: dict[str, Path], tmp_pa
 def test_fsdp_checkpoint_reshards_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
     out = tmp_path / "hsdp"
+    target = TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp")
+    assert verify_resume(src, target).resumable
+    plan = plan_reshard(src, target)
+    assert plan.workable and plan.target.layout == "hsdp"
+    # Replicas of a shard read the same spans; the two shards split the saved chunks between them.
+    assert plan.ranks[0].dcp_reads().keys() == plan.ranks[2].dcp_reads().keys()
+    assert plan.ranks[0].resident == plan.ranks[2].resident
     args = resume_args(
         src, out, "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--steps=4"
     )
     proc = ok(train(*args, nproc=4))
     assert NOT_EXACT in proc.stdout
+    assert_plan_is_true(plan, out)
     assert_tensors_equal(dcp_model(step_dir(out, 4), tmp_path), gathered_weights(runs["fsdp"], 4))
     assert_tensors_equal(dcp_optimizer(step_dir(out, 4), tmp_path), dcp_optimizer(src, tmp_path))
 
@@ -118,8 +147,13 @@ def test_hsdp_checkpoint_reshards_onto_fsdp(runs: dict[str, Path], tmp_path: Pat
         "--checkpoint_format=safetensors_dcp",
         "--steps=4",
     )
+    target = TargetRequest(nproc=2, dp_replicate=1, dp_shard=2, checkpoint_format="safetensors_dcp")
+    assert verify_resume(src, target).resumable
+    plan = plan_reshard(src, target)
+    assert plan.workable and not plan.data.sample_exact
     proc = ok(train(*args, nproc=2))
     assert NOT_EXACT in proc.stdout  # world 4 × batch 4 → world 2 × batch 4
+    assert_plan_is_true(plan, out)
     assert_tensors_equal(gathered_weights(out, 4), dcp_model(src, tmp_path))
     assert_tensors_equal(dcp_optimizer(step_dir(out, 4), tmp_path), dcp_optimizer(src, tmp_path))
 

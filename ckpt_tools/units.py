@@ -3,10 +3,12 @@
 ``inspect``, ``convert-dcp``, ``reshard-plan``, ``push`` and the generated model card all show
 sizes; they read the same when they come from one function. Binary units (KiB, MiB, ...) are
 used because they are what ``ls -h``, ``du -h`` and torch's memory reports use. This module
-imports nothing, so tool internals and the CLI can both use it.
+imports nothing of the project, so tool internals and the CLI can both use it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _COUNT_UNITS = ((10**12, "T", 2), (10**9, "B", 2), (10**6, "M", 2), (10**3, "K", 1))
@@ -30,3 +32,22 @@ def human_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.{digits}f}{unit}"
     return str(n)
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] → '0-2,5'."""
+    return interval_ranges((r, r + 1) for r in sorted(set(ranks)))
+
+
+def interval_ranges(intervals: Iterable[tuple[int, int]]) -> str:
+    """Sorted half-open ranges [(0, 3), (3, 4), (5, 6)] → '0-3,5', without listing their members (a range may
+    hold millions of ranks)."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in intervals:
+        if hi <= lo:
+            continue
+        if merged and merged[-1][1] == lo:
+            merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return ",".join(str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in merged)

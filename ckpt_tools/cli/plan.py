@@ -8,7 +8,7 @@ import typer
 
 from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
-from ckpt_tools.cli.render import rank_ranges, table
+from ckpt_tools.cli.render import table
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes
 
@@ -75,13 +75,13 @@ def print_plan(plan: Any) -> None:
     ]
     for name, value in rows:
         echo(f"  {name:<10} {value}")
-    if plan.ranks:
+    if plan.rank_groups:
         echo("")
         echo("Per rank: bytes read from the checkpoint, and local bytes held after the load")
-        echo(_rank_table(plan.ranks))
+        echo(_rank_table(plan))
         echo("")
         echo("Files each rank reads")
-        for line in _file_lines(plan.ranks):
+        for line in _file_lines(plan):
             echo(line)
     echo("")
     echo("Batch")
@@ -111,8 +111,8 @@ def _refused(world: int) -> str:
     return f"{world} process{'es' if world != 1 else ''}: refused at start-up (see Cannot work)"
 
 
-def _rank_table(ranks: list[Any]) -> str:
-    """One row per rank; identical rows of a big world collapse into rank ranges."""
+def _rank_table(plan: Any) -> str:
+    """One row per rank in a small world; otherwise one row per group of ranks with the same numbers."""
     headers = [
         "rank",
         "mesh (R,S)",
@@ -125,47 +125,47 @@ def _rank_table(ranks: list[Any]) -> str:
         "optim state",
         "resident",
     ]
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    for r in ranks:
-        key = (
-            r.role_bytes("weights"),
-            r.role_bytes("optimizer"),
-            r.role_bytes("state") + r.role_bytes("base"),
-            r.resident,
-        )
-        if len(ranks) <= 16:
-            key = (r.rank, *key)
-        groups.setdefault(key, []).append(r)
-    rows = []
-    for members in groups.values():
-        r = members[0]
-        complete = "" if r.resident_complete else "+"
-        rows.append(
+    if 0 < len(plan.ranks) <= 16:
+        rows = [
             [
-                rank_ranges([m.rank for m in members]),
-                f"({r.replica},{r.shard})" if len(members) == 1 else "-",
-                "-" if r.node is None else str(r.node) if len(members) == 1 else "-",
-                human_bytes(r.role_bytes("weights")),
-                human_bytes(r.role_bytes("optimizer")),
-                human_bytes(r.role_bytes("state") + r.role_bytes("base")),
-                human_bytes(r.resident.params) + complete,
-                human_bytes(r.resident.grads),
-                human_bytes(r.resident.optimizer),
-                human_bytes(r.resident.total) + complete,
+                str(r.rank),
+                f"({r.replica},{r.shard})",
+                "-" if r.node is None else str(r.node),
+                *_cells(r, r.resident_complete),
             ]
-        )
+            for r in plan.ranks
+        ]
+    else:
+        merged: dict[tuple[str, ...], list[Any]] = {}
+        for g in plan.rank_groups:
+            merged.setdefault(tuple(_cells(g, g.complete)), []).append(g)
+        rows = [[_ranks_label(groups, prefix=False), "-", "-", *cells] for cells, groups in merged.items()]
     return table(headers, rows, right=(3, 4, 5, 6, 7, 8, 9))
 
 
-def _file_lines(ranks: list[Any]) -> list[str]:
+def _cells(r: Any, complete: bool) -> list[str]:
+    """The byte columns of a rank's (or a group's) row; ``+``: a PEFT base whose size is unknown."""
+    mark = "" if complete else "+"
+    return [
+        human_bytes(r.role_bytes("weights")),
+        human_bytes(r.role_bytes("optimizer")),
+        human_bytes(r.role_bytes("state") + r.role_bytes("base")),
+        human_bytes(r.resident.params) + mark,
+        human_bytes(r.resident.grads),
+        human_bytes(r.resident.optimizer),
+        human_bytes(r.resident.total) + mark,
+    ]
+
+
+def _file_lines(plan: Any) -> list[str]:
     """DCP shard reads per rank (ranks reading the same collapse), then the files every rank reads whole."""
-    by_reads: dict[tuple[Any, ...], list[int]] = {}
-    for r in ranks:
-        key = tuple((f.path, f.bytes, f.requests) for f in r.reads if f.how == "dcp-chunks")
-        by_reads.setdefault(key, []).append(r.rank)
+    by_reads: dict[tuple[Any, ...], list[Any]] = {}
+    for g in plan.rank_groups:
+        key = tuple((f.path, f.bytes, f.requests) for f in g.reads if f.how == "dcp-chunks")
+        by_reads.setdefault(key, []).append(g)
     lines = []
-    for key, members in by_reads.items():
-        label = f"  rank{'s' if len(members) > 1 else ''} {rank_ranges(members)}:"
+    for key, groups in by_reads.items():
+        label = f"  {_ranks_label(groups)}:"
         if not key:
             lines.append(f"{label} no DCP shards")
             continue
@@ -178,7 +178,20 @@ def _file_lines(ranks: list[Any]) -> list[str]:
                 indent=4,
             )
         )
-    whole = [f for f in ranks[0].reads if f.how == "whole-file"] if ranks else []
+    groups = plan.rank_groups
+    whole = [f for f in groups[0].reads if f.how == "whole-file"] if groups else []
     if whole:
         lines.append("  every rank, whole files: " + ", ".join(f"{f.path} ({human_bytes(f.bytes)})" for f in whole))
     return lines
+
+
+def _ranks_label(groups: list[Any], *, prefix: bool = True) -> str:
+    """``rank 3``, ``ranks 0-2,5`` - or, in a world too big to list, the shard indices on every replica."""
+    from ckpt_tools.resume.plan import describe_ranks
+
+    first = groups[0]
+    text = describe_ranks([i for g in groups for i in g.shards], first.replicas, first.dp_shard)
+    if not prefix:
+        return text
+    count = sum(g.count for g in groups)
+    return f"ranks at {text}" if text.startswith("shard") else f"rank{'s' if count > 1 else ''} {text}"

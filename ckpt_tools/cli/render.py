@@ -1,11 +1,15 @@
 """Human output helpers for the planning commands: aligned tables and rank ranges.
 
-Byte sizes and counts are spelled by :mod:`ckpt_tools.units` (shared with the tools' messages).
+Byte sizes, counts and rank ranges are spelled by :mod:`ckpt_tools.units` (shared with the tools' messages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from ckpt_tools.units import rank_ranges
+
+__all__ = ["rank_ranges", "table"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), indent: int = 2) -> str:
@@ -21,17 +25,3 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Seque
 
     rule = " " * indent + "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
-
-
-def rank_ranges(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] → '0-2,5'."""
-    out: list[str] = []
-    ordered = sorted(ranks)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(out)

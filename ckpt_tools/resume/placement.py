@@ -18,6 +18,7 @@ This mirrors ``torch.distributed.tensor.placement_types.Shard.local_shard_size_a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ckpt_tools.format.record import Topology
@@ -37,6 +38,28 @@ def dim0_shard(dim0: int, num_shards: int, index: int) -> tuple[int, int]:
     start = chunk * index
     end = min(dim0, start + chunk)
     return min(dim0, start), max(0, end - start)
+
+
+def dim0_breaks(dim0: int, num_shards: int, saved: Iterable[tuple[int, int]] = ()) -> set[int]:
+    """Shard indices at which what a shard holds of a ``dim0``-row tensor, or what it reads, can change.
+
+    Shards ``0 … num_shards-1`` hold equal chunks of ``ceil(dim0 / num_shards)`` rows, then a
+    shorter tail, then nothing; so, for the shards from one returned index up to the next, the
+    local row count is the same, and so is the set of ``saved`` row ranges ``(start, stop)``
+    (the saved chunks along dim 0) they overlap - shard ``i`` overlaps ``[a, b)`` exactly when
+    ``a // chunk <= i < ceil(b / chunk)``. The returned set is small (three indices plus two per
+    saved range) however many shards there are: a plan evaluates one shard per interval instead
+    of every rank.
+    """
+    if num_shards <= 1 or dim0 <= 0:
+        return {0}
+    chunk = -(-dim0 // num_shards)
+    filled = -(-dim0 // chunk)  # shards holding at least one row
+    out = {0, filled - 1, filled}
+    for start, stop in saved:
+        out.add(start // chunk)
+        out.add(-(-stop // chunk))
+    return {b for b in out if 0 <= b <= num_shards}
 
 
 @dataclass(frozen=True)

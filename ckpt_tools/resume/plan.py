@@ -23,7 +23,9 @@ of the same numbers; the tests hold one against the other.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,14 @@ from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_ignored
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import resume_checks
-from ckpt_tools.resume.placement import Box, box_numel, coordinates, local_box
+from ckpt_tools.resume.placement import Box, box_numel, coordinates, dim0_breaks, local_box
 from ckpt_tools.resume.reads import ChunkLookup
 from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source
 from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
+from ckpt_tools.units import interval_ranges
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
+RANKS_LISTED = 1024  # larger worlds are described by rank groups only (each rank's entry would be a copy)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,50 @@ class RankPlan:
 
     def role_bytes(self, role: str) -> int:
         return sum(r.bytes for r in self.reads if r.role == role)
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """Ranks that read the same and hold the same: by ``dp_shard`` index, on every replica.
+
+    ``shards`` are half-open ranges of shard indices; rank ``r`` belongs to the group when
+    ``r % dp_shard`` falls in one of them (rank = replica × dp_shard + shard).
+    """
+
+    shards: tuple[tuple[int, int], ...]
+    replicas: int
+    dp_shard: int
+    reads: tuple[FileRead, ...]
+    resident: Resident
+    complete: bool = True  # False: a PEFT base whose shapes could not be read
+
+    @property
+    def count(self) -> int:
+        """How many ranks the group holds."""
+        return self.replicas * sum(hi - lo for lo, hi in self.shards)
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(r.bytes for r in self.reads)
+
+    def role_bytes(self, role: str) -> int:
+        return sum(r.bytes for r in self.reads if r.role == role)
+
+    def describe_ranks(self) -> str:
+        return describe_ranks(self.shards, self.replicas, self.dp_shard)
+
+
+def describe_ranks(shards: Iterable[tuple[int, int]], replicas: int, dp_shard: int) -> str:
+    """The ranks at ``shards`` (half-open shard-index ranges) on every replica: ``0-3,8``, or - for a
+    replicated mesh too big to spell rank by rank - ``shard 0-3 of each of the 1000 replicas``."""
+    shards = sorted(shards)
+    if replicas == 1:
+        return interval_ranges(shards)
+    if replicas * sum(hi - lo for lo, hi in shards) <= RANKS_LISTED:
+        return interval_ranges(
+            sorted((rep * dp_shard + lo, rep * dp_shard + hi) for rep in range(replicas) for lo, hi in shards)
+        )
+    return f"shard {interval_ranges(shards)} of each of the {replicas} replicas"
 
 
 @dataclass(frozen=True)
@@ -133,7 +181,8 @@ class ReshardPlan:
     target_world_size: int
     weights: str | None  # which input the resume loads weights from
     optimizer: str | None
-    ranks: list[RankPlan] = field(default_factory=list)
+    ranks: list[RankPlan] = field(default_factory=list)  # one per rank, up to RANKS_LISTED ranks
+    rank_groups: list[RankGroup] = field(default_factory=list)  # every rank, by identical prediction
     batch_before: BatchFactorization | None = None
     batch_after: BatchFactorization | None = None
     data: DataOrder | None = None
@@ -152,6 +201,11 @@ class ReshardPlan:
         for rank, plan in zip(out["ranks"], self.ranks, strict=True):
             rank["read_bytes"] = plan.read_bytes
             rank["resident"]["total"] = plan.resident.total
+        for group, plan in zip(out["rank_groups"], self.rank_groups, strict=True):
+            group["ranks"] = plan.describe_ranks()
+            group["count"] = plan.count
+            group["read_bytes"] = plan.read_bytes
+            group["resident"]["total"] = plan.resident.total
         for key in ("batch_before", "batch_after"):
             info = getattr(self, key)
             if info is not None:
@@ -200,7 +254,14 @@ def build_plan(source: ResumeSource, target: ResumeTarget) -> ReshardPlan:
     # Every process is a data-parallel worker: dp_world_size is the world size, whatever R and S.
     plan.batch_after = _batch(target.batch_size, target.world_size, target.grad_accum_steps)
     if target.topology is not None:
-        plan.ranks = rank_plans(source, target.topology, target)
+        plan.rank_groups = rank_groups(source, target.topology, target)
+        if target.topology.world_size <= RANKS_LISTED:
+            plan.ranks = rank_plans(plan.rank_groups, target.topology)
+        else:
+            plan.notes.append(
+                f"{target.topology.world_size} ranks: the prediction is listed by groups of ranks that read and"
+                f" hold the same (rank_groups), not rank by rank (up to {RANKS_LISTED} ranks)"
+            )
         plan.notes += _node_notes(target.topology)
     plan.data = _data_order(source, plan.batch_before, plan.batch_after)
     plan.suggestion = _suggest(source, plan.batch_before, plan.batch_after)
@@ -255,37 +316,78 @@ class _Placement:
         return box_numel(box) * spec.itemsize
 
 
-def rank_plans(source: ResumeSource, topology: Topology, target: ResumeTarget) -> list[RankPlan]:
-    """Reads and resident bytes of every rank of ``topology``."""
+def rank_groups(source: ResumeSource, topology: Topology, target: ResumeTarget) -> list[RankGroup]:
+    """Reads and resident bytes of every rank of ``topology``, as groups of ranks that share them.
+
+    A rank's reads and placement depend only on its ``dp_shard`` index (replicas of a shard hold
+    and read the same), and along the shard indices they change only at the few indices
+    :func:`~ckpt_tools.resume.placement.dim0_breaks` names. So one shard per interval between
+    those indices is evaluated: the work grows with the tensors and saved chunks, not with
+    the world size (a plan for a million processes costs what one for a hundred does).
+    """
     place = _Placement.of(source, topology)
     weights = ChunkLookup(source.weights.index) if source.weights and source.weights.index else None
     optimizer = ChunkLookup(source.optimizer.index) if source.optimizer and source.optimizer.index else None
-    whole = _whole_file_reads(source, target)
-    out = []
-    for coord in coordinates(topology):
-        rank = coord.rank
+    whole = tuple(_whole_file_reads(source, target))
+    complete = not (source.peft and not source.frozen)
+    shards = topology.dp_shard if topology.layout.sharded else 1
+    bounds = sorted(_shard_breaks(source, weights, optimizer, shards) | {0, shards})
+    groups: dict[tuple[tuple[FileRead, ...], Resident], list[tuple[int, int]]] = {}
+    for lo, hi in itertools.pairwise(bounds):
         reads: list[FileRead] = []
         if weights is not None:
-            wanted = [(spec.key, place.param(spec, rank)) for spec in source.params.values()]
+            wanted = [(spec.key, place.param(spec, lo)) for spec in source.params.values()]
             reads += _dcp_reads(source, weights, wanted, "weights")
         if optimizer is not None:
             wanted = [
-                (spec.key, place.slot(source.param_of(name), spec, rank))
+                (spec.key, place.slot(source.param_of(name), spec, lo))
                 for name, slots in source.optimizer_state.items()
                 for spec in slots.values()
             ]
             reads += _dcp_reads(source, optimizer, wanted, "optimizer")
+        intervals = groups.setdefault(((*reads, *whole), _resident(source, place, lo)), [])
+        if intervals and intervals[-1][1] == lo:
+            intervals[-1] = (intervals[-1][0], hi)  # adjacent shards with the same prediction
+        else:
+            intervals.append((lo, hi))
+    return [
+        RankGroup(tuple(intervals), topology.dp_replicate, shards, reads, resident, complete)
+        for (reads, resident), intervals in groups.items()
+    ]
+
+
+def rank_plans(groups: list[RankGroup], topology: Topology) -> list[RankPlan]:
+    """One :class:`RankPlan` per rank, in rank order (for worlds of at most :data:`RANKS_LISTED`)."""
+    by_shard: dict[int, RankGroup] = {}
+    for group in groups:
+        for lo, hi in group.shards:
+            by_shard.update(dict.fromkeys(range(lo, hi), group))
+    shards = topology.dp_shard if topology.layout.sharded else 1
+    out = []
+    for coord in coordinates(topology):
+        group = by_shard[coord.rank % shards]
         out.append(
-            RankPlan(
-                rank=rank,
-                replica=coord.replica,
-                shard=coord.shard,
-                node=coord.node,
-                reads=(*reads, *whole),
-                resident=_resident(source, place, rank),
-                resident_complete=not (source.peft and not source.frozen),
-            )
+            RankPlan(coord.rank, coord.replica, coord.shard, coord.node, group.reads, group.resident, group.complete)
         )
+    return out
+
+
+def _shard_breaks(
+    source: ResumeSource, weights: ChunkLookup | None, optimizer: ChunkLookup | None, shards: int
+) -> set[int]:
+    """Every shard index at which some tensor's local box or saved-chunk overlaps can change."""
+    out: set[int] = set()
+    if shards <= 1:
+        return out
+    specs = [(spec, weights) for spec in source.params.values()]
+    specs += [(spec, None) for spec in source.frozen.values()]
+    specs += [(spec, optimizer) for slots in source.optimizer_state.values() for spec in slots.values()]
+    for spec, lookup in specs:
+        if not spec.shape:
+            continue
+        entry = lookup.index.tensors.get(spec.key) if lookup is not None else None
+        saved = [(c.offsets[0], c.offsets[0] + c.sizes[0]) for c in entry.chunks if c.offsets] if entry else []
+        out |= dim0_breaks(spec.shape[0], shards, saved)
     return out
 
 
@@ -399,4 +501,13 @@ def _suggest(
     )
 
 
-__all__ = ["DataOrder", "FileRead", "RankPlan", "ReshardPlan", "Resident", "Suggestion", "plan_reshard"]
+__all__ = [
+    "DataOrder",
+    "FileRead",
+    "RankGroup",
+    "RankPlan",
+    "ReshardPlan",
+    "Resident",
+    "Suggestion",
+    "plan_reshard",
+]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
+
+import pytest
 
 from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
@@ -80,3 +83,36 @@ def test_plan_nodes_note_and_help(runs: dict[str, Path]) -> None:
     assert any("span nodes" in note for note in doc["notes"])
     helptext = run_cli("reshard-plan", "--help", no_torch=True).stdout
     assert "Examples:" in helptext and "--dp-replicate 2 --dp-shard 2" in helptext and "Exit codes" in helptext
+
+
+def _peak_bytes(src: Path, nproc: int) -> tuple[int, dict]:
+    tracemalloc.start()
+    try:
+        doc = plan_reshard(src, TargetRequest(nproc=nproc, dp_shard=-1, checkpoint_format="dcp")).to_dict()
+        return tracemalloc.get_traced_memory()[1], doc
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_plan_of_a_huge_world_costs_what_a_small_one_does(runs: dict[str, Path]) -> None:
+    """A million-process plan is not a million per-rank computations: time and memory do not grow with --nproc."""
+    src = step_dir(runs["fsdp"], 8)
+    plan_reshard(src, TargetRequest(nproc=2))  # imports and caches out of the measurement
+    small_peak, small = _peak_bytes(src, 10)
+    huge_peak, huge = _peak_bytes(src, 100_000)
+    assert huge_peak < 2 * small_peak, (small_peak, huge_peak)
+    # The small world is listed rank by rank, and every rank is in the group holding its numbers.
+    assert [r["rank"] for r in small["ranks"]] == list(range(10))
+    for rank in small["ranks"]:
+        (group,) = [g for g in small["rank_groups"] if any(lo <= rank["rank"] < hi for lo, hi in g["shards"])]
+        assert (group["reads"], group["resident"]) == (rank["reads"], rank["resident"])
+    # The huge one by groups: every rank counted once, the tail of empty shards reads no weights.
+    assert huge["ranks"] == [] and sum(g["count"] for g in huge["rank_groups"]) == 100_000
+    tail = max(huge["rank_groups"], key=lambda g: g["count"])
+    assert tail["ranks"].endswith("-99999") and tail["resident"]["params"] == 0
+    assert not any(r["role"] == "weights" for r in tail["reads"])
+    assert any("listed by groups of ranks" in note for note in huge["notes"])
+    human = invoke_cli("reshard-plan", str(src), "--nproc", "1000000", "--dp-shard", "-1", "--checkpoint-format", "dcp")
+    assert human.returncode == 0, human.stderr
+    assert "-999999  " in human.stdout and len(human.stdout.splitlines()) < 200

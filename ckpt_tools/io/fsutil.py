@@ -26,6 +26,40 @@ from pathlib import Path
 from typing import IO, Any
 
 _deferral = threading.local()
+_umask_lock = threading.Lock()
+FILE_MODE = 0o666  # what open() asks for; the process umask takes its bits away, as for torch's DCP shards
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the kernel says it (Linux ≥ 4.7).
+
+    ``os.umask`` can only be read by setting it, which would give a file another thread creates
+    at that moment the wrong mode; ``/proc/self/status`` reports it without that. Elsewhere the
+    set-and-restore is done under a lock, the best that can be done.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def apply_umask_mode(fd: int) -> None:
+    """Give a file created by :func:`tempfile.mkstemp` (always 0600) the mode ``open()`` would have given it.
+
+    The project's writers go through temporary siblings (:class:`TempSibling`) that ``mkstemp``
+    creates private; once renamed they are the user's configs, weights and state, and must follow
+    the umask (``0o666 & ~umask``: 0644 under the usual 022, 0600 under 077) like every file torch
+    writes. Called on the open descriptor, before the rename, so the final name never shows
+    another mode.
+    """
+    os.fchmod(fd, FILE_MODE & ~current_umask())
 
 
 @contextlib.contextmanager
@@ -111,6 +145,11 @@ class TempSibling:
         )
         self.fd: int | None = fd
         self.tmp: Path | None = Path(name)
+        try:
+            apply_umask_mode(fd)  # mkstemp creates it 0600; the committed file follows the umask
+        except BaseException:
+            self.abort()
+            raise
 
     def open(self, mode: str) -> IO[Any]:
         """A file object over :attr:`fd`; it owns the descriptor from now on (closing it closes the file)."""

@@ -26,6 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ckpt_tools.errors import CheckpointError, WriteError
+from ckpt_tools.io.fsutil import FILE_MODE
 from ckpt_tools.st.writer import build_header, describe_os_error
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.wrap import ParallelModel
@@ -94,7 +95,7 @@ def write_gathered(
 
 def _create(path: Path, header: bytes, size: int) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)  # the umask applies, as for DCP
         try:
             _pwrite_all(fd, memoryview(header), 0)
             os.ftruncate(fd, size)

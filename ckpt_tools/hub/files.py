@@ -3,10 +3,14 @@
 A model repo gets the top-level ``*.safetensors``, ``*.json`` and ``*.md`` files of a
 converted ``pretrained_model/`` (or of a convert output directory) and nothing else: never
 the DCP shard directories, never ``training_state/``, never hidden files (a save or a
-conversion in progress writes into hidden temporaries). Everything that would make the
-published repo unusable - no weights at all, weights only as DCP shards, a truncated
-safetensors file, a sharded index naming a missing shard, a JSON file that does not parse -
-is refused here with one line, so a push never starts that cannot end well.
+conversion in progress writes into hidden temporaries). What is published is decided by what
+the folder holds, not by its name: it must hold a pretrained model - ``config.json`` with
+``model.safetensors`` (or a sharded ``model.safetensors.index.json`` and its shards), or a PEFT
+``adapter_model.safetensors`` with its ``adapter_config.json`` - so a ``training_state/`` (RNG,
+scheduler, optimizer state) reached as ``.`` is refused like any other folder without a model.
+Everything that would make the published repo unusable - no model, weights only as DCP
+shards, a truncated safetensors file, a sharded index naming a missing shard, a JSON file that
+does not parse - is refused here with one line, so a push never starts that cannot end well.
 """
 
 from __future__ import annotations
@@ -90,15 +94,14 @@ def resolve_publish_folder(path: str | os.PathLike[str]) -> Path:
     A path that names a whole step - a step dir, ``last``, a checkpoints root, the run dir
     holding ``checkpoints/`` - publishes that step's ``pretrained_model/``
     (:func:`~ckpt_tools.format.layout.pretrained_model_dir`, the folder ``--policy.path`` loads).
-    Any other directory - a ``pretrained_model/``, a ``convert-dcp --output`` dir - is published as it is.
+    Any other directory - a ``pretrained_model/``, a ``convert-dcp --output`` dir - is published as it is,
+    if it holds a model (:func:`plan_publish` decides that from its files).
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such directory")
     if not p.is_dir():
         raise UsageError(f"{p}: PATH must be a directory (a pretrained_model/ dir, a step dir or a convert output dir)")
-    if p.name == layout.TRAINING_STATE_DIR or (p / layout.TRAINING_STEP).is_file():
-        raise UsageError(f"{p}: training_state/ is never published; pass the step dir or its pretrained_model/")
     return layout.pretrained_model_dir(p)
 
 
@@ -126,15 +129,54 @@ def plan_publish(folder: str | os.PathLike[str]) -> PublishPlan:
         with _readable(entry):
             files.append(_checked_file(entry))
     plan = PublishPlan(folder, tuple(files), tuple(skipped), _training_step_path(folder))
-    if not plan.weights:
+    _check_index(plan)
+    _require_model(plan, dcp_dirs)
+    return plan
+
+
+def _require_model(plan: PublishPlan, dcp_dirs: list[str]) -> None:
+    """The folder must hold a pretrained model a loader can build: its config and its weights.
+
+    Decided by the files, not by the folder's name, so a checkpoint's ``training_state/`` (even
+    reached as ``.``, even without its ``training_step.json``) never publishes its RNG,
+    scheduler or optimizer state as a "model".
+    """
+    folder, names = plan.folder, {f.name for f in plan.files}
+    full = layout.MODEL_WEIGHTS in names or layout.MODEL_WEIGHTS_INDEX in names
+    adapter = layout.ADAPTER_WEIGHTS in names
+    state = _training_state_files(folder)
+    if state and not (full or adapter):
+        raise UsageError(
+            f"{folder}: holds training state ({', '.join(state)}), not a model; it is never published -"
+            " pass the step dir or its pretrained_model/"
+        )
+    if not (full or adapter):
         if dcp_dirs:
             raise CheckpointError(
                 f"{folder}: holds the weights only as DCP shards ({', '.join(dcp_dirs)}); run"
                 f" `ckpt-tools convert-dcp --checkpoint-dir {folder}` first, then publish"
             )
-        raise CheckpointError(f"{folder}: nothing to publish (no model weights *.safetensors at its top level)")
-    _check_index(plan)
-    return plan
+        raise CheckpointError(
+            f"{folder}: nothing to publish (no pretrained model: no {layout.MODEL_WEIGHTS},"
+            f" {layout.MODEL_WEIGHTS_INDEX} or {layout.ADAPTER_WEIGHTS} at its top level)"
+        )
+    if full and layout.POLICY_CONFIG not in names:
+        raise CheckpointError(
+            f"{folder}: holds model weights but no {layout.POLICY_CONFIG}, so no loader can build the policy;"
+            f" copy the checkpoint's pretrained_model/{layout.POLICY_CONFIG} next to them, then publish"
+        )
+    if adapter and not full and layout.ADAPTER_CONFIG not in names:
+        raise CheckpointError(
+            f"{folder}: holds {layout.ADAPTER_WEIGHTS} but no {layout.ADAPTER_CONFIG}, so peft cannot load it;"
+            " copy the checkpoint's one next to it, then publish"
+        )
+
+
+def _training_state_files(folder: Path) -> list[str]:
+    """The names of a checkpoint's training-state parts (manifest) present in ``folder``."""
+    prefix = f"{manifest.TS}/"
+    names = {f.removeprefix(prefix) for part in manifest.PARTS for f in part.files if f.startswith(prefix)}
+    return sorted(n for n in names if (folder / n).exists())
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 A checkpoint is a directory anyone could have made, so a file in it may be a FIFO (opening it
 blocks forever), a symlink to ``/dev/zero`` (reading it never ends), a directory, or
 gigabytes where a few hundred bytes belong; its JSON may nest a hundred thousand levels deep
-(``json`` raises RecursionError) or spell a 5000-digit integer (ValueError). These helpers
+(``json`` raises RecursionError) or spell a 5000-digit integer (ValueError; any integer beyond
+64 bits is refused, since a product of two 4000-digit ones can no longer be printed). These helpers
 turn all of that into the two exception types the callers already handle - ``OSError`` for
 "cannot read it" and ``ValueError`` for "not what it should be" - instead of a hang, a
 memory blow-up or a traceback.
@@ -24,6 +25,7 @@ from typing import Any
 from ckpt_tools.errors import CheckpointError, CkptError
 
 MAX_JSON_BYTES = 64 * 2**20  # a train_config.json is a few KB; an index json a few MB at most
+MAX_JSON_INT = 2**64  # |integer| < 2**64: what a uint64 / int64 loader can hold
 
 
 class NotRegularFile(OSError):
@@ -80,15 +82,29 @@ def read_text(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> str:
 
 
 def parse_json(text: str | bytes) -> Any:
-    """``json.loads`` whose only failure is :class:`InvalidJson` (a ValueError)."""
+    """``json.loads`` whose only failure is :class:`InvalidJson` (a ValueError).
+
+    Integers are limited to what 64 bits hold (:data:`MAX_JSON_INT`): a checkpoint's JSON never
+    needs more (safetensors shapes and offsets, steps, sizes are all 64-bit for the loaders that
+    read them), and a longer one only costs time - Python parses it quadratically - and breaks
+    whatever later multiplies or prints it (an integer of over 4300 digits cannot be printed).
+    """
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_bounded_int)
     except RecursionError:
         raise InvalidJson("JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, 4300-digit integers, bad UTF-8 in bytes
         message = e.msg if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
         where = f" at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
         raise InvalidJson(f"{message}{where}") from None
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    value = int(text) if digits <= 20 else None  # 2**64 has 20 digits: never parse a longer one
+    if value is None or not -MAX_JSON_INT < value < MAX_JSON_INT:
+        raise InvalidJson(f"integer of {digits} digits, more than 64 bits hold")
+    return value
 
 
 def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:

@@ -19,6 +19,7 @@ from ckpt_tools.io.safe_read import open_regular, parse_json
 from ckpt_tools.st import dtypes
 
 MAX_HEADER_BYTES = 100 * 2**20  # what the safetensors library itself accepts
+MAX_ELEMENTS = 2**64  # the safetensors library computes a tensor's size in 64 bits and refuses an overflow
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         raise CheckpointError(f"{p}: unreadable ({e.strerror})") from None
     try:
         doc = parse_json(raw)
-    except ValueError:
-        raise CorruptCheckpoint(f"{p}: safetensors header is not valid JSON") from None
+    except ValueError as e:
+        raise CorruptCheckpoint(f"{p}: safetensors header is not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise CorruptCheckpoint(f"{p}: safetensors header is not a JSON object")
     problems: list[str] = []
@@ -97,22 +98,50 @@ def _entry(name: str, info: object, problems: list[str]) -> HeaderEntry | None:
         problems.append(f"{name}: header entry is not an object")
         return None
     code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-        problems.append(f"{name}: bad shape {shape!r}")
+    if not (isinstance(shape, list) and all(_is_size(s) for s in shape)):
+        problems.append(f"{name}: bad shape {_show(shape)}")  # [Infinity], [-1], [true], "3"
         return None
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-        problems.append(f"{name}: bad data_offsets {offsets!r}")
+    if _elements_beyond(shape, MAX_ELEMENTS):
+        problems.append(f"{name}: shape {_show(shape)} holds more than 2**64 elements")
+        return None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_size(o) for o in offsets)):
+        problems.append(f"{name}: bad data_offsets {_show(offsets)}")
         return None
     begin, end = offsets
     entry = HeaderEntry(name, str(code), tuple(shape), begin, end)
     dtype = dtypes.BY_SAFETENSORS.get(str(code))
     if dtype is None:
-        problems.append(f"{name}: unknown dtype {code!r}")
+        problems.append(f"{name}: unknown dtype {_show(code)}")
     elif entry.numel * dtype.itemsize != end - begin:
         problems.append(
-            f"{name}: {end - begin} bytes for {dtype.name}{list(shape)} (expected {entry.numel * dtype.itemsize})"
+            f"{name}: {end - begin} bytes for {dtype.name}{_show(shape)} (expected {entry.numel * dtype.itemsize})"
         )
     return entry
+
+
+def _is_size(value: object) -> bool:
+    """A non-negative integer (JSON ``true`` is not one, although Python's bool is an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _elements_beyond(shape: list[int], limit: int) -> bool:
+    """Whether ``prod(shape)`` exceeds ``limit``, without computing a product of thousands of big numbers."""
+    if 0 in shape:
+        return False
+    count = 1
+    for size in shape:
+        count *= size
+        if count > limit:
+            return True
+    return False
+
+
+def _show(value: object) -> str:
+    """A header value for a one-line message: a hostile header may hold megabytes in one field."""
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{', '.join(map(repr, value[:8]))}, ... ({len(value)} items)]"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _layout_problems(entries: object, data_len: int) -> list[str]:

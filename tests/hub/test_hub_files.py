@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.errors import CheckpointError, CkptError, UsageError
 from ckpt_tools.format import layout
 from ckpt_tools.hub import check_repo_id, plan_publish, resolve_publish_folder
+from ckpt_tools.hub.push import prepare_push
 from ckpt_tools.inspect import inspect_path
 from devtools.procs import run_cli
+from devtools.training import step_dir
 from tests.support.hub_data import PUBLISHED, PUBLISHED_PEFT, make_step_dir
 
 
@@ -41,8 +45,8 @@ def test_paths_a_user_may_type_resolve_to_the_pretrained_model_dir(tmp_path: Pat
     assert resolve_publish_folder(step.root) == pm
     assert resolve_publish_folder(step.checkpoints).resolve() == pm.resolve()  # via `last`
     assert resolve_publish_folder(step.output_dir).resolve() == pm.resolve()  # the dir holding checkpoints/
-    with pytest.raises(UsageError, match="training_state/ is never published"):
-        resolve_publish_folder(step.training_state)
+    with pytest.raises(UsageError, match=r"holds training state .*, not a model; it is never published"):
+        plan_publish(resolve_publish_folder(step.training_state))
     with pytest.raises(UsageError, match="must be a directory"):
         resolve_publish_folder(pm / "model.safetensors")
     with pytest.raises(CheckpointError, match="no such directory"):
@@ -73,6 +77,7 @@ def test_truncated_safetensors_is_refused(tmp_path: Path) -> None:
 
 
 def test_sharded_index_naming_a_missing_shard_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"type": "act"}')
     save_file({"a": np.zeros(3, np.float32)}, str(tmp_path / "model-00001-of-00002.safetensors"))
     index = {
         "metadata": {},
@@ -161,3 +166,80 @@ def test_push_of_a_100k_deep_config_json_exits_3_with_one_line(tmp_path: Path) -
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr == f"error: {pm / 'config.json'}: not valid JSON (JSON nested too deeply)\n"
     assert proc.stdout == ""
+
+
+def _ddp_step(runs: dict[str, Path], tmp_path: Path) -> Path:
+    """A copy of a real trainer checkpoint (DDP, gathered model.safetensors): publishable as it is."""
+    step = tmp_path / "checkpoints" / "000008"
+    shutil.copytree(step_dir(runs["ddp"], 8), step)
+    return step
+
+
+def test_a_folder_is_published_for_what_it_holds_not_its_name(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cd training_state && ckpt-tools push .``: RNG, scheduler and optimizer state are never a model."""
+    step = _ddp_step(runs, tmp_path)
+    ts = step / layout.TRAINING_STATE_DIR
+    (ts / layout.TRAINING_STEP).unlink()  # a save that died before its record: nothing names it by content either
+    monkeypatch.chdir(ts)
+    with pytest.raises(UsageError, match=r"^\.: holds training state \(optimizer_param_groups.json.*not a model"):
+        plan_publish(resolve_publish_folder("."))
+    renamed = tmp_path / "exported"  # a model under any name is a model
+    shutil.copytree(step / layout.PRETRAINED_MODEL_DIR, renamed)
+    assert {f.name for f in plan_publish(renamed).weights} == {"model.safetensors"}
+    (renamed / layout.POLICY_CONFIG).unlink()
+    with pytest.raises(CheckpointError, match=r"holds model weights but no config\.json"):
+        plan_publish(renamed)
+    with pytest.raises(UsageError) as refused:  # the whole local stage of `ckpt-tools push .`: exit 2, one line
+        prepare_push(".", "alice/x")
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+
+
+BIG = "9" * 3000  # parses (under Python's 4300-digit limit), but a product of two cannot be printed
+
+
+def _header(shape: str) -> bytes:
+    body = ('{"w":{"dtype":"F32","shape":' + shape + ',"data_offsets":[0,4]}}').encode()
+    return struct.pack("<Q", len(body)) + body + bytes(4)
+
+
+def _edit_json(path: Path, **values: object) -> None:
+    doc = json.loads(path.read_text())
+    for dotted, value in values.items():
+        node = doc
+        *parents, last = dotted.split("__")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    path.write_text(json.dumps(doc))
+
+
+HOSTILE = {
+    "config.json nested 100k deep": lambda pm: (pm / "config.json").write_text("[" * 100_000),
+    "train_config.json 5000-digit steps": lambda pm: (pm / "train_config.json").write_text(
+        '{"steps": ' + "7" * 5000 + "}"
+    ),
+    "mesh of 3000-digit sizes": lambda pm: (
+        _edit_json(pm / "train_config.json", parallelism__dp_replicate=int(BIG), parallelism__dp_shard=int(BIG)),
+        (pm.parent / layout.TRAINING_STATE_DIR / layout.TRAINING_STEP).unlink(),
+    ),
+    "shape [Infinity]": lambda pm: (pm / "model.safetensors").write_bytes(_header("[Infinity]")),
+    "shape [true]": lambda pm: (pm / "model.safetensors").write_bytes(_header("[true]")),
+    "shape of two 3000-digit sizes": lambda pm: (pm / "model.safetensors").write_bytes(_header(f"[{BIG},{BIG}]")),
+    "shape overflowing 2**64 elements": lambda pm: (pm / "model.safetensors").write_bytes(
+        _header("[4294967296, 4294967296, 4294967296]")
+    ),
+    "shape of a 5000-digit size": lambda pm: (pm / "model.safetensors").write_bytes(_header("[" + "9" * 5000 + "]")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(HOSTILE))
+def test_hostile_json_and_headers_are_one_line_and_exit_3(runs: dict[str, Path], tmp_path: Path, damage: str) -> None:
+    pm = _ddp_step(runs, tmp_path) / layout.PRETRAINED_MODEL_DIR
+    HOSTILE[damage](pm)
+    with pytest.raises(CkptError) as refused:  # the whole local stage of `ckpt-tools push`, before any network call
+        prepare_push(pm.parent, "alice/x")
+    message = str(refused.value)
+    assert refused.value.exit_code == 3 and "\n" not in message and len(message) < 400, message
+    assert message.startswith(str(pm)), message

@@ -17,12 +17,13 @@ from ckpt_tools.io.safe_read import read_json_file
         (b"[" * 100_000, "not valid JSON (JSON nested too deeply)"),
         (
             b'{"step": ' + b"9" * 5000 + b"}",
-            "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits)",
+            "not valid JSON (integer of 5000 digits, more than 64 bits hold)",
         ),
+        (b'{"step": 18446744073709551616}', "not valid JSON (integer of 20 digits, more than 64 bits hold)"),
         (b'{"step": 1,', "not valid JSON (Expecting property name enclosed in double quotes at line 1)"),
         (b"\xff\xfe{\x00", "not valid JSON (not UTF-8 text)"),
     ],
-    ids=["100k-deep", "5000-digit-int", "syntax", "not-utf8"],
+    ids=["100k-deep", "5000-digit-int", "2**64", "syntax", "not-utf8"],
 )
 def test_bad_content_is_one_line_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "train_config.json"

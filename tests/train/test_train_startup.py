@@ -351,7 +351,7 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
         ("[" * 100_000, "config.json: not valid JSON (JSON nested too deeply)"),
         (
             '{"type": "act", "dim_model": ' + "9" * 5000 + "}",
-            "config.json: not valid JSON (Exceeds the limit (4300 digits)",
+            "config.json: not valid JSON (integer of 5000 digits, more than 64 bits hold)",
         ),
         ("[1, 2]", "not a policy config (no 'type')"),
     ],

@@ -11,13 +11,14 @@ header to check that a resumed sampler position still points into the same datas
 
 The statistics normalize :data:`NORMALIZED_COLUMNS` (``(x - mean) / std``); one NaN, an
 infinity or a zero ``std`` there turns every batch into NaN, so :func:`stats_problem` refuses
-such a file before training starts.
+such a file before training starts; :func:`rows_problem` refuses files that disagree on the
+number of frames.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 FRAMES_FILE = Path("data") / "frames.safetensors"
@@ -61,4 +62,34 @@ def stats_problem(stats: object, dims: Mapping[str, int]) -> str | None:
                 more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
                 need = "a finite number above 0" if key == "std" else "a finite number"
                 return f"{STATS_FILE}: {feature}[{first}]={values[first]}{more}: must be {need}"
+    return None
+
+
+TOTAL_FRAMES = "total_frames"  # info.json's frame count
+
+
+def rows_problem(columns: Mapping[str, Sequence[int]], info: object) -> str | None:
+    """Why the dataset's files disagree on how many frames it holds, naming them, or None.
+
+    ``columns`` are the shapes of every column of ``frames.safetensors`` (each has one row per
+    frame: a shorter one would be indexed past its end mid-training), ``info`` the parsed
+    ``info.json``, whose ``total_frames``, when given, must be that count. ``episode_index``
+    must be ``[frames]``: episode ends are found along it.
+    """
+    shape = columns.get(LENGTH_COLUMN)
+    if not shape:
+        return f"{FRAMES_FILE}: {LENGTH_COLUMN} has no rows (shape {list(shape or ())})"
+    frames = shape[0]
+    for name, other in sorted(columns.items()):
+        if not other or other[0] != frames:
+            rows = other[0] if other else "no"
+            return (
+                f"{FRAMES_FILE}: {name} has {rows} rows, {LENGTH_COLUMN} {frames} (every column has one row per frame)"
+            )
+    episode = columns.get(EPISODE_COLUMN)
+    if episode is not None and len(episode) != 1:
+        return f"{FRAMES_FILE}: {EPISODE_COLUMN} must be [frames], not {list(episode)}"
+    total = info.get(TOTAL_FRAMES) if isinstance(info, dict) else None
+    if _is_number(total) and total != frames:
+        return f"{INFO_FILE} says {TOTAL_FRAMES} {total}, {FRAMES_FILE} holds {frames} frames"
     return None

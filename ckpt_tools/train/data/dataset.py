@@ -26,6 +26,7 @@ from ckpt_tools.format.dataset import (
     REQUIRED_COLUMNS,
     STATE_COLUMN,
     STATS_FILE,
+    rows_problem,
     stats_problem,
 )
 from ckpt_tools.io.safe_read import read_json
@@ -93,12 +94,19 @@ def resolve_root(root: str | None, repo_id: str | None, revision: str | None = N
         raise ConfigError(f"--dataset.repo_id={repo_id}: could not be fetched ({type(e).__name__})") from None
 
 
+def _check_rows(root: Path, columns: dict[str, torch.Tensor], info: object) -> None:
+    """Row counts the files must agree on (:func:`ckpt_tools.format.dataset.rows_problem`)."""
+    problem = rows_problem({name: tuple(t.shape) for name, t in columns.items()}, info)
+    if problem is not None:
+        raise ConfigError(f"dataset {root}: {problem}")
+
+
 def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
     frames_file = root / FRAMES_FILE
     try:
         columns = load_file(str(frames_file))
         stats = read_json(root / STATS_FILE)
-        read_json(root / INFO_FILE)
+        info = read_json(root / INFO_FILE)
     except FileNotFoundError as e:
         raise ConfigError(f"dataset {root}: missing {Path(e.filename).relative_to(root)}") from None
     except (SafetensorError, ValueError, OSError) as e:
@@ -106,6 +114,7 @@ def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise ConfigError(f"dataset {root}: {FRAMES_FILE} lacks columns {missing}")
+    _check_rows(root, columns, info)
     episode = columns[EPISODE_COLUMN].long()
     if len(episode) == 0:
         raise ConfigError(f"dataset {root}: no frames")

@@ -181,6 +181,9 @@ class TrainConfig:
         refusals = setting_refusals(self.run_settings())
         if refusals:
             raise ConfigError(refusals[0].message)
+        from ckpt_tools.train.policies.size import check_sizes
+
+        check_sizes(self.policy)  # a policy that cannot be built; whether it fits is known once the dataset is
         if self.policy.repo_id is not None:
             from ckpt_tools.hub import check_repo_id
 

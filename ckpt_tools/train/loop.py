@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.base import PreTrainedPolicy
+from ckpt_tools.train.policies.size import require_fits
 from ckpt_tools.train.report.banner import banner_lines
 from ckpt_tools.train.report.metrics import MetricsWindow
 from ckpt_tools.train.report.reporting import Reporter
@@ -110,6 +112,14 @@ def build_state(
     assert cfg.policy is not None
     dataset = load_dataset(
         resolve_root(cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision), cfg.policy.chunk_size
+    )
+    sized = replace(cfg.policy, state_dim=dataset.state_dim, action_dim=dataset.action_dim)  # before any allocation
+    require_fits(
+        sized,
+        processes=env.local_world_size,
+        shards=topology.dp_shard,
+        peft=bool(cfg.peft),
+        on_host=env.device.type == "cpu",
     )
     policy, pre, post = build_policy(cfg, dataset)
     peft_model = None

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ckpt_tools.train.policies.base import PreTrainedPolicy
-from ckpt_tools.train.policies.configs import ACTConfig, TiedACTConfig
+from ckpt_tools.train.policies.configs import ACTConfig, PolicyConfig, TiedACTConfig
 
 
 class ACTEncoderLayer(nn.Module):
@@ -96,6 +96,25 @@ class ACTPolicy(PreTrainedPolicy):
         self.decoder_pos = nn.Embedding(config.chunk_size, d)
         self.decoder = ACTDecoder(config)
         self.action_head = nn.Linear(d, config.action_dim)
+
+    @classmethod
+    def parameter_count(cls, config: PolicyConfig) -> int | None:
+        """The parameters of the layers ``__init__`` builds (the tied variant has the same: its head
+        weight is the action embedding)."""
+        assert isinstance(config, ACTConfig) and config.state_dim is not None and config.action_dim is not None
+        d, ff, tokens = config.dim_model, config.dim_feedforward, config.n_obs_tokens
+        attention = 4 * d * d + 4 * d  # in_proj (3d×d + 3d) and out_proj (d×d + d)
+        feedforward = 2 * d * ff + ff + d
+        encoder_layer = attention + feedforward + 2 * 2 * d  # two LayerNorms
+        decoder_layer = 2 * attention + feedforward + 3 * 2 * d
+        return (
+            config.state_dim * tokens * d + tokens * d  # state_proj
+            + tokens * d  # encoder_pos
+            + config.n_encoder_layers * encoder_layer
+            + config.chunk_size * d  # decoder_pos
+            + config.n_decoder_layers * decoder_layer
+            + d * config.action_dim + config.action_dim  # action_head
+        )  # fmt: skip
 
     def decoder_queries(self, batch_size: int) -> torch.Tensor:
         d = self.config.dim_model  # type: ignore[attr-defined]

@@ -44,6 +44,16 @@ class PreTrainedPolicy(nn.Module):
     def predict_action_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
+    @classmethod
+    def parameter_count(cls, config: PolicyConfig) -> int | None:
+        """How many parameters ``cls(config)`` will hold, computed without building it (None: unknown).
+
+        Start-up compares what the parameters, gradients and optimizer state will take with the
+        memory available before anything is allocated (:mod:`ckpt_tools.train.policies.size`);
+        each policy states its own count, next to the layers it builds.
+        """
+        return None
+
     def save_pretrained(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write config.json and model.safetensors (fp32 master weights unless given otherwise)."""
         directory.mkdir(parents=True, exist_ok=True)

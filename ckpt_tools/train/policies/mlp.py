@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ckpt_tools.train.policies.base import PreTrainedPolicy
-from ckpt_tools.train.policies.configs import MLPConfig
+from ckpt_tools.train.policies.configs import MLPConfig, PolicyConfig
 
 
 class MLPBlock(nn.Module):
@@ -29,6 +29,13 @@ class MLPPolicy(PreTrainedPolicy):
         self.input = nn.Linear(config.state_dim, config.hidden_dim)
         self.blocks = nn.ModuleList(MLPBlock(config.hidden_dim, config.dropout) for _ in range(config.n_layers))
         self.output = nn.Linear(config.hidden_dim, config.chunk_size * config.action_dim)
+
+    @classmethod
+    def parameter_count(cls, config: PolicyConfig) -> int | None:
+        assert isinstance(config, MLPConfig) and config.state_dim is not None and config.action_dim is not None
+        h, out = config.hidden_dim, config.chunk_size * config.action_dim
+        block = h * h + h + 2 * h  # linear + LayerNorm
+        return config.state_dim * h + h + config.n_layers * block + h * out + out
 
     def predict_action_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         x = torch.relu(self.input(batch["observation.state"]))

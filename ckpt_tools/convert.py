@@ -525,7 +525,10 @@ def _listify(node: Any) -> Any:
 def _check_outputs(plan: ConvertPlan, overwrite: bool) -> None:
     existing = [p for p in plan.output_paths if p.exists()]
     if existing and not overwrite:
-        raise UsageError(f"{existing[0]}: already exists (pass --overwrite to replace it)")
+        raise UsageError(
+            f"{existing[0]}: already exists and is not exactly what this conversion writes (other tensors, dtype"
+            " or shards, or an incomplete set); pass --overwrite to replace it"
+        )
     need = plan.total_bytes
     probe = plan.output_dir if plan.output_dir.exists() else _existing_parent(plan.output_dir)
     try:

@@ -6,7 +6,9 @@ the same way, through :func:`publish_checkpoint`:
 1. the repo id is checked before any work, so a typo never costs a conversion;
 2. the weights are converted to safetensors - always when asked (``convert=True``), otherwise
    only when the step holds them as DCP shards alone - and every written byte is read back
-   and compared with the shards before the output is committed;
+   and compared with the shards before the output is committed; an output already there that
+   verifies as this conversion's (the same command, run again after a failed push) is kept,
+   so the retry a failed push promises is the same command;
 3. the folder is pushed (:func:`~ckpt_tools.hub.push.push_to_hub`: never DCP shards, never
    ``training_state/``);
 4. with ``delete_dcp``, the converted shards are removed - after the upload succeeded, so a

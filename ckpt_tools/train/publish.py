@@ -32,5 +32,6 @@ def publish_final(cfg: TrainConfig) -> str:
             folder, cfg.policy.repo_id, private=cfg.policy.private, repo_id_flag="--policy.repo_id", progress=False
         )
     except HubError as e:
-        raise HubError(f"{e} - retry with: ckpt-tools push {folder} --repo-id {cfg.policy.repo_id}") from None
+        retry = f"ckpt-tools push {folder} --repo-id {cfg.policy.repo_id}{' --private' if cfg.policy.private else ''}"
+        raise HubError(f"{e} - retry with: {retry}") from None
     return result.push.repo_url

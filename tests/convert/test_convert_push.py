@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools.procs import script
+from devtools.procs import run_cli, script
+from devtools.training import step_dir
+from tests.support.cli import invoke_cli
 from tests.support.dcp_fixtures import FSDP2_STEP, copy_tree, tree_digest
 from tests.support.hub_fixtures import HubEndpoint
 
@@ -67,3 +69,28 @@ def test_bad_repo_id_is_refused_before_any_work(ckpts: Path, tmp_path: Path) -> 
     )
     assert proc.returncode == 2 and "--push-to-hub" in proc.stderr
     assert tree_digest(step) == before
+
+
+def test_the_retry_a_failed_push_promises_is_the_same_command(
+    runs: dict[str, Path], tmp_path: Path, hub: HubEndpoint
+) -> None:
+    """A real dcp-format checkpoint: push fails after the conversion; the same command then converts
+    nothing again (the output verifies as its own), publishes, and only then deletes the shards."""
+    step = copy_tree(step_dir(runs["hsdp"], 8), tmp_path / "checkpoints" / "000008")
+    pm = step / "pretrained_model"
+    command = ["convert-dcp", str(step), "--delete-dcp", "--push-to-hub", "alice/act-hsdp", "--quiet"]
+    hub.server.faults.fail("create_repo", 500, times=10)
+    failed = run_cli(*command, env={**hub.env, "CKPT_TOOLS_HUB_TIMEOUT": "20"}, no_torch=True)
+    assert failed.returncode == 5 and failed.stderr.strip().endswith("a retry is safe"), failed.stderr
+    converted = (pm / "model.safetensors").read_bytes()
+    assert (pm / "pytorch_model_fsdp_0" / ".metadata").is_file()  # kept: nothing was published
+    # Another conversion under the same name is refused, naming why - never kept, never replaced.
+    other = invoke_cli("convert-dcp", str(step), "--dtype", "bf16", "--push-to-hub", "alice/act-hsdp", "--quiet")
+    assert other.returncode == 2 and "already exists and is not exactly what this conversion writes" in other.stderr
+    hub.server.faults.clear()
+    retried = run_cli(*command, env=hub.env, no_torch=True)
+    assert retried.returncode == 0, retried.stderr
+    assert "kept the existing model.safetensors" in retried.stdout and "deleted" in retried.stdout
+    assert (pm / "model.safetensors").read_bytes() == converted
+    assert hub.server.files("alice/act-hsdp")["model.safetensors"] == converted
+    assert not (pm / "pytorch_model_fsdp_0").exists()

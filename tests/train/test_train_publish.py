@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from devtools.procs import run_cli
 from devtools.training import TINY, metrics, ok, step_dir, train
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent, hf_download
 from tests.train.test_train_startup import refused_in_process
@@ -47,15 +49,24 @@ def test_sharded_dcp_run_publishes_converted_weights(hub: HubEndpoint, tmp_path:
     assert_token_absent(hub.token, [out], [proc.stdout, proc.stderr])
 
 
-def test_failed_upload_keeps_the_checkpoint_and_says_how_to_retry(hub: HubEndpoint, tmp_path: Path) -> None:
+def test_failed_upload_keeps_the_checkpoint_and_its_retry_works(hub: HubEndpoint, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    hub.server.stop()
-    proc = train(*TINY, "--steps=2", "--save_freq=2", "--policy.repo_id=alice/act", f"--output_dir={out}", env=hub.env)
+    hub.server.faults.fail("create_repo", 500, times=1)
+    flags = ["--steps=2", "--save_freq=2", "--policy.repo_id=alice/act", "--policy.private=true"]
+    proc = train(*TINY, *flags, f"--output_dir={out}", env=hub.env)
     assert proc.returncode == 5
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "retry with: ckpt-tools push" in errors[0] and "Traceback" not in proc.stderr
     assert (step_dir(out, 2) / "pretrained_model/model.safetensors").exists()
     assert_token_absent(hub.token, [out], [proc.stdout, proc.stderr])
+    # The retry the line names publishes what the run would have, private as asked.
+    retry = shlex.split(errors[0].split("retry with: ", 1)[1])
+    assert retry[:2] == ["ckpt-tools", "push"]
+    again = run_cli(*retry[1:], env=hub.env, no_torch=True)
+    assert again.returncode == 0, again.stderr
+    assert hub.server.repo("alice/act").private
+    sent = hub.server.files("alice/act")
+    assert sent["model.safetensors"] == (step_dir(out, 2) / "pretrained_model/model.safetensors").read_bytes()
 
 
 def test_bad_repo_id_is_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

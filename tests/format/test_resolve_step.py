@@ -17,7 +17,7 @@ import pytest
 from ckpt_tools.convert import convert_dcp
 from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout
-from ckpt_tools.hub import resolve_publish_folder
+from ckpt_tools.hub import plan_publish, resolve_publish_folder
 from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
@@ -68,8 +68,8 @@ def test_every_tool_reads_the_step_the_path_means(step: StepDir, form: str) -> N
     assert _same(verify_resume(path).checkpoint, step.root)
     assert _same(plan_reshard(path, TargetRequest(nproc=4)).checkpoint, step.root)
     if form in ("train_config.json", "training_state/"):
-        with pytest.raises(UsageError):  # a file, or the part a push never publishes
-            resolve_publish_folder(path)
+        with pytest.raises(UsageError):  # a file, or the part a push never publishes (it holds no model)
+            plan_publish(resolve_publish_folder(path))
     else:
         assert _same(resolve_publish_folder(path), step.pretrained_model)
 

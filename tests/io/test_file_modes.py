@@ -17,7 +17,7 @@ import torch
 
 from ckpt_tools.convert import convert_dcp
 from ckpt_tools.io.fsutil import current_umask, write_json_atomic
-from ckpt_tools.train.checkpoint.safetensors_io import save_state_dict
+from ckpt_tools.train.safetensors_io import save_state_dict
 from devtools.training import step_dir
 
 

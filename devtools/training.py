@@ -53,7 +53,7 @@ def train(
 
 
 def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train") -> list[str]:
-    """``ckpt-train ARGS`` (or its alias ``entry``), under ``torchrun --standalone`` when ``nproc`` > 1."""
+    """``ckpt-train ARGS`` (or another console script ``entry``), under ``torchrun --standalone`` when ``nproc`` > 1."""
     program = script(entry)
     if nproc > 1:
         return torchrun_command(program, args, nproc)

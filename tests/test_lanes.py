@@ -42,7 +42,7 @@ def test_an_unmarked_test_cannot_start_training() -> None:
     with pytest.raises(RuntimeError, match=r"test_lanes\.py::test_an_unmarked.* is not marked torchrun"):
         training.train_command(["--steps=1"])
     with pytest.raises(RuntimeError, match="is not marked torchrun"):
-        training.train_command(["--steps=1"], nproc=2, entry="lerobot-train")
+        training.train_command(["--steps=1"], nproc=2)
     with pytest.raises(RuntimeError, match="is not marked torchrun"):
         procs.torchrun_command("writer.py", [], nproc=4)
 

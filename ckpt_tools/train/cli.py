@@ -1,4 +1,4 @@
-"""``ckpt-train`` / ``lerobot-train``: parse dotted flags, refuse bad set-ups, run training.
+"""``ckpt-train``: parse dotted flags, refuse bad set-ups, run training.
 
 Every start-up refusal is one line naming the flag or variable, printed by rank 0 (all ranks
 reach the same verdict; the others wait for the launcher to stop them), and a non-zero exit;

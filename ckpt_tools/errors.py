@@ -83,3 +83,25 @@ class NonFiniteError(CkptError):
     """
 
     exit_code = ExitCode.NON_FINITE
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` as a message may show it: at most about ``limit`` characters, whatever its size.
+
+    For values read from a checkpoint. ``repr`` is no way to show them: a few hundred pickle
+    bytes can share one list until it has 2**60 leaves (``repr`` never returns), and a name
+    of a megabyte would be pasted whole into the line. Strings and bytes are cut before they
+    are quoted, integers beyond 64 bits and containers are described, never rendered, and
+    anything else is named by its type.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return repr(value)
+    if kind is int:
+        return repr(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
+    if kind is str or kind is bytes:
+        text = repr(value[:limit])
+        return text + "..." if len(value) > limit else text
+    if kind in (list, tuple, dict, set, frozenset):
+        return f"a {kind.__name__} of {len(value)} items"
+    return f"a {kind.__name__}"

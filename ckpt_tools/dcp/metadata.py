@@ -2,10 +2,17 @@
 
 ``.metadata`` is a pickle of ``torch.distributed.checkpoint.metadata.Metadata``. We unpickle
 it with :mod:`ckpt_tools.dcp.safe_pickle`, mapping each class torch writes to a bare stand-in
-that only stores attributes, then convert those into the typed, validated dataclasses below.
-Every field is type-checked during the conversion, so a file that unpickles into nonsense
-(a string where a size belongs, a negative offset) is a :class:`CorruptCheckpoint`, not a
-crash further down.
+(a :class:`~ckpt_tools.dcp.safe_pickle.Record` declaring the fields torch's class has: a
+state with any other field is refused), then convert those into the typed, validated
+dataclasses below. Every field is type-checked during the conversion, so a file that
+unpickles into nonsense (a string where a size belongs, a negative offset) is a
+:class:`CorruptCheckpoint`, not a crash further down.
+
+The conversion is bounded by the file's size (:class:`_Budget`): shared references are
+counted every time they are reached, names are at most ``MAX_NAME`` characters, and no
+message formats checkpoint data with ``repr`` (``ckpt_tools.errors.shown``), so every later
+reader of the result - index, validation, conversion, their messages - works in proportion
+to the file too.
 
 Which globals appear (checked on files written by torch 2.13 and read from torch's source for
 older releases): the metadata dataclasses, ``_StorageInfo`` from ``filesystem``,
@@ -20,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.dcp.safe_pickle import restricted_loads
-from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.dcp.safe_pickle import Record, restricted_loads
+from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, shown
 from ckpt_tools.io.safe_read import read_bytes
 from ckpt_tools.st import dtypes
 
@@ -30,6 +37,12 @@ from ckpt_tools.st import dtypes
 MAX_METADATA_BYTES = 512 * 2**20
 MAX_NDIM = 64
 MAX_DIM = 2**62
+MAX_OFFSET = 2**63 - 1  # a byte offset or length in a shard file
+MAX_NAME = 4096  # characters in a name: a tensor's fqn, a shard file, a path (PATH_MAX)
+# The conversion's budget per byte of .metadata (see _Budget): values visited, characters named.
+VALUES_PER_BYTE = 1  # real files: under 0.1 (5000 tensors, 40 000 chunks: 0.08)
+CHARS_PER_BYTE = 16  # real files: under 1 (0.5 with long names)
+BUDGET_BASE = 1 << 16
 
 # ----------------------------------------------------------------- typed result
 
@@ -88,62 +101,39 @@ class DcpMetadata:
 # ----------------------------------------------------------------- pickle stand-ins
 
 
-class _Stand:
-    """Accepts whatever state the pickle gives; the typed conversion decides if it makes sense.
-
-    No ``__setstate__``: pickle's BUILD then fills ``__dict__`` in C, which keeps loading the
-    metadata of a large model fast. Nothing here is ever called by name from the pickle's
-    state, so odd keys are inert; :func:`_convert` reads only the attributes it knows.
-    """
-
-    _positional: tuple[str, ...] = ()
-
-    def __init__(self, *args: Any) -> None:
-        if len(args) > len(self._positional):
-            raise TypeError(f"{type(self).__name__}: too many arguments")
-        self.__dict__.update(zip(self._positional, args, strict=False))
+class _Metadata(Record):
+    FIELDS = ("state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version")
 
 
-class _Metadata(_Stand):
-    _positional = ("state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version")
+class _TensorStorageMetadata(Record):
+    FIELDS = ("properties", "size", "chunks")
 
 
-class _TensorStorageMetadata(_Stand):
-    _positional = ("properties", "size", "chunks")
+class _ChunkStorageMetadata(Record):
+    FIELDS = ("offsets", "sizes")
 
 
-class _ChunkStorageMetadata(_Stand):
-    _positional = ("offsets", "sizes")
-
-
-class _BytesStorageMetadata(_Stand):
+class _BytesStorageMetadata(Record):
     pass
 
 
-class _TensorProperties(_Stand):
-    _positional = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
-
-    def __setstate__(self, state: Any) -> None:
-        # torch's TensorProperties.__getstate__: (dtype, layout, requires_grad, mem_format, pin_memory);
-        # releases before it pickled a plain dict.
-        if isinstance(state, tuple) and len(state) <= len(self._positional):
-            self.__dict__.update(zip(self._positional, state, strict=False))
-        elif isinstance(state, dict):
-            self.__dict__.update((k, v) for k, v in state.items() if k in self._positional)
-        else:
-            raise TypeError("TensorProperties: unexpected state")
+class _TensorProperties(Record):
+    # torch's TensorProperties.__getstate__: (dtype, layout, requires_grad, mem_format, pin_memory);
+    # releases before it pickled a plain dict of the same fields.
+    FIELDS = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
+    TUPLE_STATE = True
 
 
-class _StorageMeta(_Stand):
-    _positional = ("checkpoint_id", "save_id", "load_id", "modules")
+class _StorageMeta(Record):
+    FIELDS = ("checkpoint_id", "save_id", "load_id", "modules")
 
 
-class _MetadataIndex(_Stand):
-    _positional = ("fqn", "offset", "index")
+class _MetadataIndex(Record):
+    FIELDS = ("fqn", "offset", "index")
 
 
-class _StorageInfo(_Stand):
-    _positional = ("relative_path", "offset", "length", "transform_descriptors")
+class _StorageInfo(Record):
+    FIELDS = ("relative_path", "offset", "length", "transform_descriptors")
 
 
 @dataclass(frozen=True)
@@ -167,10 +157,6 @@ def _path(*parts: Any) -> str:
     if not all(isinstance(p, str) for p in parts):
         raise TypeError("path parts must be strings")
     return os.path.join(*parts) if parts else ""
-
-
-def _ordered_dict(items: Any = ()) -> dict[Any, Any]:
-    return dict(items)
 
 
 _DCP_MODULES = (
@@ -220,7 +206,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         allowed[("torch", layout)] = layout
     for name in dtypes.TORCH_DTYPE_NAMES:
         allowed[("torch", name)] = _DTypeRef(dtypes.canonical_name(name))
-    allowed[("collections", "OrderedDict")] = _ordered_dict
+    allowed[("collections", "OrderedDict")] = dict  # pickled as OrderedDict() then SETITEMS
     return allowed
 
 
@@ -255,7 +241,7 @@ def parse_metadata(data: bytes, *, what: str = ".metadata") -> DcpMetadata:
         raise CorruptCheckpoint(f"{what}: larger than any real DCP metadata")
     raw = restricted_loads(data, METADATA_ALLOWLIST, what=what)
     try:
-        return _convert(raw, budget=[len(data)])
+        return _convert(raw, _Budget(len(data)))
     except _Invalid as e:
         raise CorruptCheckpoint(f"{what}: {e}") from None
 
@@ -265,118 +251,197 @@ class _Invalid(Exception):
 
 
 def _expect(cond: bool, message: str) -> None:
+    """``message`` must cost nothing to build: constant text, names through :func:`_n`, values through ``shown``."""
     if not cond:
         raise _Invalid(message)
 
 
-def _int(v: Any, what: str) -> int:
-    _expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{what} is not a non-negative integer")
-    return int(v)
+def _n(fqn: str) -> str:
+    """A tensor's name as a message shows it (quoted, cut after 200 characters)."""
+    return shown(fqn, 200)
 
 
-def _shape(v: Any, what: str) -> tuple[int, ...]:
-    _expect(isinstance(v, (tuple, list)) and len(v) <= MAX_NDIM, f"{what} is not a size")
+class _Budget:
+    """What the conversion may still visit, in proportion to the file's size.
+
+    A pickle can share one object from many places for a few bytes each: one list of 4096
+    chunks under 3000 names, one 512 KiB string as the shard file of every chunk. Each value
+    is counted every time it is reached, as every later reader would reach it, and so is each
+    string's length; a tensor's name also once per chunk (each chunk's storage entry, index
+    entry and messages carry it). Real files spend tens of bytes per chunk, so they stay far
+    inside the budget.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.values_left = VALUES_PER_BYTE * size + BUDGET_BASE
+        self.chars_left = CHARS_PER_BYTE * size + BUDGET_BASE
+
+    def values(self, count: int) -> None:
+        self.values_left -= count
+        _expect(
+            self.values_left >= 0,
+            "declares more chunks and values than a file of its size can describe (a shared-reference bomb)",
+        )
+
+    def chars(self, count: int) -> None:
+        self.chars_left -= count
+        _expect(
+            self.chars_left >= 0,
+            "names more text than a file of its size can hold (one string shared from many places?)",
+        )
+
+    def name(self, value: Any, what: str, fqn: str | None = None) -> str:
+        """``value`` as a name (a string of at most MAX_NAME characters), counted against the budget.
+
+        ``what`` (after the tensor name ``fqn``, if given) is only formatted for a refusal.
+        """
+        if type(value) is not str or len(value) > MAX_NAME:
+            where = what if fqn is None else f"{_n(fqn)}: {what}"
+            if type(value) is not str:
+                raise _Invalid(f"{where} is {shown(value)}, not a string")
+            raise _Invalid(f"{where} is a string of {len(value)} characters (limit {MAX_NAME})")
+        self.chars(len(value))
+        return value
+
+
+def _int(v: Any, fqn: str, field: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_OFFSET:
+        raise _Invalid(f"{_n(fqn)} {field} is {shown(v)}, not a non-negative integer")
+    return v
+
+
+def _shape(v: Any, fqn: str, field: str, budget: _Budget) -> tuple[int, ...]:
+    if not isinstance(v, (tuple, list)) or len(v) > MAX_NDIM:
+        raise _Invalid(f"{_n(fqn)} {field} is not a size")
+    budget.values(1 + len(v))
     for x in v:
-        _expect(type(x) is int and 0 <= x <= MAX_DIM, f"{what} holds {x!r}, not a non-negative integer")
+        if type(x) is not int or not 0 <= x <= MAX_DIM:
+            raise _Invalid(f"{_n(fqn)} {field} holds {shown(x)}, not a non-negative integer")
     return tuple(v)
 
 
-def _convert(raw: Any, budget: list[int]) -> DcpMetadata:
-    """``budget``: how many chunks the file may declare in all - one per byte of it at most.
-
-    A real file spends dozens of bytes on every chunk; a pickle that shares one list of
-    thousands of chunks between thousands of names spends a few, and would make every reader
-    build millions of chunk records from a file of kilobytes.
-    """
+def _convert(raw: Any, budget: _Budget) -> DcpMetadata:
     _expect(isinstance(raw, _Metadata), "not a DCP Metadata object")
     sdm = getattr(raw, "state_dict_metadata", None)
     _expect(isinstance(sdm, dict), "state_dict_metadata is not a dict")
+    budget.values(len(sdm))
     items: dict[str, TensorMeta | BytesMeta] = {}
     for fqn, meta in sdm.items():
-        _expect(isinstance(fqn, str), "a state_dict_metadata key is not a string")
-        items[fqn] = _item(fqn, meta, budget)
+        name = budget.name(fqn, "a state_dict_metadata key")
+        items[name] = _item(name, meta, budget)
 
     planner: dict[str, tuple[str | int, ...]] = {}
     raw_planner = getattr(raw, "planner_data", None)
     if isinstance(raw_planner, dict):
+        budget.values(len(raw_planner))
         for fqn, path in raw_planner.items():
-            if (
-                isinstance(fqn, str)
-                and isinstance(path, (tuple, list))
-                and all(isinstance(p, (str, int)) for p in path)
-            ):
-                planner[fqn] = tuple(path)
+            entry = _planner_entry(fqn, path, budget)
+            if entry is not None:
+                planner[entry[0]] = entry[1]
 
     storage: dict[StorageKey, StorageInfo] = {}
     raw_storage = getattr(raw, "storage_data", None)
     _expect(isinstance(raw_storage, dict), "storage_data is not a dict (not written by torch's FileSystemWriter?)")
+    budget.values(len(raw_storage))
     for key, info in raw_storage.items():
-        storage_key = _storage_key(key)
-        _expect(storage_key not in storage, f"storage_data lists {storage_key[0]!r} twice at the same offset")
-        storage[storage_key] = _storage_info(storage_key[0], info)
+        storage_key = _storage_key(key, budget)
+        if storage_key in storage:
+            raise _Invalid(f"storage_data lists {_n(storage_key[0])} twice at the same offset")
+        storage[storage_key] = _storage_info(storage_key[0], info, budget)
 
-    checkpoint_id = modules = None
+    checkpoint_id = None
+    modules: tuple[str, ...] = ()
     meta = getattr(raw, "storage_meta", None)
     if isinstance(meta, _StorageMeta):
-        cid = getattr(meta, "checkpoint_id", None)
-        checkpoint_id = cid if isinstance(cid, str) else None
+        checkpoint_id = _optional_name(getattr(meta, "checkpoint_id", None), budget)
         mods = getattr(meta, "modules", None)
-        modules = tuple(m for m in mods if isinstance(m, str)) if isinstance(mods, list) else None
-    version = getattr(raw, "version", None)
+        if isinstance(mods, list):
+            budget.values(len(mods))
+            modules = tuple(m for m in (_optional_name(m, budget) for m in mods) if m is not None)
     return DcpMetadata(
         items=items,
         planner_data=planner,
         storage=storage,
         checkpoint_id=checkpoint_id,
-        version=version if isinstance(version, str) else None,
-        modules=modules or (),
+        version=_optional_name(getattr(raw, "version", None), budget),
+        modules=modules,
     )
 
 
-def _item(fqn: str, meta: Any, budget: list[int]) -> TensorMeta | BytesMeta:
+def _optional_name(value: Any, budget: _Budget) -> str | None:
+    """An informational string (the checkpoint id, a module, the version): kept when it is one."""
+    if type(value) is not str or len(value) > MAX_NAME:
+        return None
+    budget.chars(len(value))
+    return value
+
+
+def _planner_entry(fqn: Any, path: Any, budget: _Budget) -> tuple[str, tuple[str | int, ...]] | None:
+    """One ``planner_data`` entry (a name's path in the nested state dict), or None to skip it."""
+    if type(fqn) is not str or len(fqn) > MAX_NAME or not isinstance(path, (tuple, list)):
+        return None
+    budget.values(1 + len(path))
+    budget.chars(len(fqn))
+    for part in path:
+        if type(part) is str and len(part) <= MAX_NAME:
+            budget.chars(len(part))
+        elif not (type(part) is int and -MAX_OFFSET <= part <= MAX_OFFSET):
+            return None
+    return fqn, tuple(path)
+
+
+def _item(fqn: str, meta: Any, budget: _Budget) -> TensorMeta | BytesMeta:
     if isinstance(meta, _BytesStorageMetadata):
         return BytesMeta()
-    _expect(isinstance(meta, _TensorStorageMetadata), f"{fqn!r}: unknown storage metadata type")
+    if not isinstance(meta, _TensorStorageMetadata):
+        raise _Invalid(f"{_n(fqn)}: unknown storage metadata type")
     props = getattr(meta, "properties", None)
-    _expect(isinstance(props, _TensorProperties), f"{fqn!r}: no tensor properties")
+    if not isinstance(props, _TensorProperties):
+        raise _Invalid(f"{_n(fqn)}: no tensor properties")
     dtype = getattr(props, "dtype", None)
-    _expect(isinstance(dtype, _DTypeRef), f"{fqn!r}: dtype is not a torch dtype")
+    if not isinstance(dtype, _DTypeRef):
+        raise _Invalid(f"{_n(fqn)}: dtype is not a torch dtype")
     layout = getattr(props, "layout", "strided")
-    _expect(layout == "strided", f"{fqn!r}: layout {layout!r} is not supported (only strided tensors)")
-    size = _shape(getattr(meta, "size", None), f"{fqn!r} size")
+    if not (type(layout) is str and layout == "strided"):
+        raise _Invalid(f"{_n(fqn)}: layout {shown(layout)} is not supported (only strided tensors)")
+    size = _shape(getattr(meta, "size", None), fqn, "size", budget)
     raw_chunks = getattr(meta, "chunks", None)
-    _expect(isinstance(raw_chunks, list), f"{fqn!r}: chunks is not a list")
-    budget[0] -= len(raw_chunks)
-    _expect(budget[0] >= 0, "declares more chunks than a file of its size can describe (shared-reference bomb)")
+    if not isinstance(raw_chunks, list):
+        raise _Invalid(f"{_n(fqn)}: chunks is not a list")
+    budget.values(len(raw_chunks))
+    budget.chars(len(fqn) * len(raw_chunks))
     chunks = []
     for chunk in raw_chunks:
-        _expect(isinstance(chunk, _ChunkStorageMetadata), f"{fqn!r}: a chunk is not ChunkStorageMetadata")
-        offsets = _shape(getattr(chunk, "offsets", None), f"{fqn!r} chunk offsets")
-        sizes = _shape(getattr(chunk, "sizes", None), f"{fqn!r} chunk sizes")
+        if not isinstance(chunk, _ChunkStorageMetadata):
+            raise _Invalid(f"{_n(fqn)}: a chunk is not ChunkStorageMetadata")
+        offsets = _shape(getattr(chunk, "offsets", None), fqn, "chunk offsets", budget)
+        sizes = _shape(getattr(chunk, "sizes", None), fqn, "chunk sizes", budget)
         chunks.append(ChunkMeta(offsets, sizes))
     return TensorMeta(dtype=dtype.name, size=size, chunks=tuple(chunks))
 
 
-def _storage_key(key: Any) -> StorageKey:
+def _storage_key(key: Any, budget: _Budget) -> StorageKey:
     _expect(isinstance(key, _MetadataIndex), "a storage_data key is not a MetadataIndex")
-    fqn = getattr(key, "fqn", None)
-    _expect(isinstance(fqn, str), "a MetadataIndex has no fqn")
+    fqn = budget.name(getattr(key, "fqn", None), "a MetadataIndex fqn")
     offset = getattr(key, "offset", None)
-    return (fqn, None if offset is None else _shape(offset, f"{fqn!r} storage offset"))
+    return (fqn, None if offset is None else _shape(offset, fqn, "storage offset", budget))
 
 
-def _storage_info(fqn: str, info: Any) -> StorageInfo:
-    _expect(isinstance(info, _StorageInfo), f"{fqn!r}: storage info is not a _StorageInfo")
-    rel = getattr(info, "relative_path", None)
-    _expect(isinstance(rel, str) and rel != "", f"{fqn!r}: storage relative_path is not a string")
+def _storage_info(fqn: str, info: Any, budget: _Budget) -> StorageInfo:
+    if not isinstance(info, _StorageInfo):
+        raise _Invalid(f"{_n(fqn)}: storage info is not a _StorageInfo")
+    rel = budget.name(getattr(info, "relative_path", None), "storage relative_path", fqn)
+    if rel == "":
+        raise _Invalid(f"{_n(fqn)}: storage relative_path is empty")
     transforms = getattr(info, "transform_descriptors", None) or ()
-    _expect(
-        isinstance(transforms, (list, tuple)) and all(isinstance(t, str) for t in transforms),
-        f"{fqn!r}: transform_descriptors is not a list of strings",
-    )
+    if not isinstance(transforms, (list, tuple)):
+        raise _Invalid(f"{_n(fqn)}: transform_descriptors is not a list of strings")
+    budget.values(len(transforms))
+    for t in transforms:
+        budget.name(t, "a transform descriptor", fqn)
     return StorageInfo(
         relative_path=rel,
-        offset=_int(getattr(info, "offset", None), f"{fqn!r} storage offset"),
-        length=_int(getattr(info, "length", None), f"{fqn!r} storage length"),
+        offset=_int(getattr(info, "offset", None), fqn, "storage offset"),
+        length=_int(getattr(info, "length", None), fqn, "storage length"),
         transform_descriptors=tuple(transforms),
     )

@@ -85,7 +85,7 @@ def _data_allowlist() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_v2,
         ("torch._utils", "_rebuild_tensor_v3"): _rebuild_v3,
-        ("collections", "OrderedDict"): lambda *a: dict(*a),
+        ("collections", "OrderedDict"): dict,  # backward hooks: OrderedDict(), a fresh dict
         ("torch", "UntypedStorage"): _StorageType(None),
         ("torch.storage", "UntypedStorage"): _StorageType(None),
     }

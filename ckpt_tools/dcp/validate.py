@@ -34,7 +34,8 @@ from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, Uns
 from ckpt_tools.st import dtypes
 
 # What a non-tensor item (optimizer hyper-parameters, say) may be built from: plain data only.
-PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): lambda *a: dict(*a)}
+# An OrderedDict pickles as OrderedDict() then SETITEMS: the builtin dict, fresh for each call.
+PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): dict}
 
 
 @dataclass(frozen=True)

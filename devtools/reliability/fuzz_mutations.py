@@ -584,6 +584,20 @@ def _place_pickle(arena: Arena, dcp: str, where: str, payload: bytes, family: st
     return Mutation(family, f"{dcp} {where} {fqn} := payload archive", touched, must)
 
 
+def rewrite_data_pkl(archive: bytes, edit: Callable[[bytes], bytes]) -> bytes:
+    """A torch.save archive with the same members, ``data.pkl`` replaced by ``edit(data.pkl)``."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as src, zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            info.CRC = None  # the trainer's DCP saves skip the CRC32 (zipfile would call it bad)
+            with src.open(info) as member:
+                data = member.read()
+            out.writestr(info.filename, edit(data) if info.filename.endswith("/data.pkl") else data)
+    return buf.getvalue()
+
+
 # ----------------------------------------------------------------- paths, links and special files
 
 

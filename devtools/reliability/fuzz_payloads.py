@@ -240,3 +240,147 @@ def safetensors_bytes(header: dict[str, object], data: bytes = b"", declared_len
     raw = json.dumps(header).encode()
     n = len(raw) if declared_len is None else declared_len
     return struct.pack("<Q", n) + raw + data
+
+
+# ----------------------------------------------------------------- BUILD on shared objects
+
+
+def _unicode(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw  # BINUNICODE
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + f"{module}\n{name}\n".encode()
+
+
+def _dict(items: dict[str, bytes]) -> bytes:
+    """EMPTY_DICT, then SETITEMS of string keys and the opcodes of each value."""
+    return b"}(" + b"".join(_unicode(k) + v for k, v in items.items()) + b"u"
+
+
+@dataclass(frozen=True)
+class BuildAttack:
+    """A pickle whose BUILD (or SETITEM / APPEND) targets an object the load did not create.
+
+    ``allowlist``: which reader's globals it names - ``metadata`` (``.metadata``), ``data``
+    (a chunk's ``data.pkl``) or ``plain`` (a non-tensor item). ``body`` pushes nothing and
+    leaves the stack as it found it, so it can also be spliced in front of a real pickle.
+    """
+
+    name: str
+    allowlist: str
+    body: bytes
+
+    def alone(self) -> bytes:
+        return PROTO2 + self.body + b"N."
+
+    def before(self, pickle_bytes: bytes) -> bytes:
+        """``body`` spliced after the PROTO opcode of a real (protocol 2+) pickle."""
+        assert pickle_bytes[:1] == b"\x80"
+        return pickle_bytes[:2] + self.body + pickle_bytes[2:]
+
+
+_MD = "torch.distributed.checkpoint.metadata"
+
+
+def _build(target: bytes, state: bytes) -> bytes:
+    return target + state + b"b0"  # BUILD, then POP the target
+
+
+def _slots(items: dict[str, bytes]) -> bytes:
+    return b"N" + _dict(items) + b"\x86"  # (None, slotstate): setattr for each item
+
+
+def build_attacks() -> list[BuildAttack]:
+    """Every way we know for a pickle to change a long-lived object through an allowlisted name."""
+    fresh_chunk = _global(_MD, "ChunkStorageMetadata") + b")\x81"  # NEWOBJ: created by this load
+    size, odict = _global("torch", "Size"), _global("collections", "OrderedDict")
+    int32 = _unicode("int32")
+    return [
+        BuildAttack(
+            "dict state on a stand-in class", "metadata", _build(_global(_MD, "Metadata"), _dict({"FIELDS": b")"}))
+        ),
+        BuildAttack(
+            "slot state on a stand-in class",
+            "metadata",
+            _build(_global(_MD, "ChunkStorageMetadata"), _slots({"__init__": size})),
+        ),
+        BuildAttack(
+            "slot state on a function (__defaults__)",
+            "metadata",
+            _build(_global("torch.serialization", "_get_layout"), _slots({"__defaults__": _unicode("x") + b"\x85"})),
+        ),
+        BuildAttack(
+            "dict state on the float32 stand-in",
+            "metadata",
+            _build(_global("torch", "float32"), _dict({"name": int32})),
+        ),
+        BuildAttack(
+            "slot state on pathlib.PurePath",
+            "metadata",
+            _build(_global("pathlib", "PurePath"), _slots({"__truediv__": odict})),
+        ),
+        BuildAttack(
+            "SETITEM on the float32 stand-in",
+            "metadata",
+            _global("torch", "float32") + _unicode("name") + int32 + b"s0",
+        ),
+        BuildAttack("APPEND on torch.Size", "metadata", size + b"K\x01a0"),
+        BuildAttack(
+            "unknown dunder field on a fresh stand-in", "metadata", _build(fresh_chunk, _dict({"__setstate__": size}))
+        ),
+        BuildAttack("slot state on a fresh stand-in", "metadata", _build(fresh_chunk, _slots({"offsets": b")"}))),
+        BuildAttack("dict state on OrderedDict", "plain", _build(odict, _dict({"fromkeys": b"N"}))),
+        BuildAttack(
+            "dict state on the FloatStorage stand-in",
+            "data",
+            _build(_global("torch", "FloatStorage"), _dict({"dtype": int32})),
+        ),
+        BuildAttack(
+            "dict state on the float32 dtype of data.pkl",
+            "data",
+            _build(_global("torch", "float32"), _dict({"name": int32})),
+        ),
+        BuildAttack(
+            "slot state on _rebuild_tensor_v2 (__kwdefaults__)",
+            "data",
+            _build(_global("torch._utils", "_rebuild_tensor_v2"), _slots({"__kwdefaults__": b"}"})),
+        ),
+    ]
+
+
+# ----------------------------------------------------------------- work that grows faster than the file
+
+
+def list_bomb(levels: int) -> list[object]:
+    """One list shared ``levels`` deep: ``2**levels`` leaves in a few bytes per level once pickled."""
+    node: list[object] = [0, 0]
+    for _ in range(levels - 1):
+        node = [node, node]
+    return node
+
+
+def tuple_bomb_as_key(levels: int = 60) -> bytes:
+    """A body (as :class:`BuildAttack` bodies are) that uses a 2**levels-leaf tuple as a dict key."""
+    body = b"K\x00K\x00\x86q\x000"  # (0, 0) into memo 0
+    for i in range(1, levels):
+        body += b"h" + bytes([i - 1]) + b"h" + bytes([i - 1]) + b"\x86q" + bytes([i]) + b"0"
+    return body + b"}h" + bytes([levels - 1]) + b"K\x01s0"  # {bomb: 1}, popped
+
+
+def join_bomb(text_bytes: int = 256 * 1024, parts: int = 200_000) -> bytes:
+    """A body: ``pathlib.PurePath(s, s, ..., s)`` of one memoized string - a join of text * parts."""
+    return _global("pathlib", "PurePath") + b"(" + _unicode("x" * text_bytes) + b"q\x00" + b"h\x00" * parts + b"tR0"
+
+
+def call_args_bomb(items: int = 50_000, calls: int = 50_000) -> bytes:
+    """A body: one memoized list of ``items`` references, passed to ``torch.Size`` ``calls`` times."""
+    lst = b"(" + b"K\x00" * items + b"lq\x00"
+    return lst + b"0" + (_global("torch", "Size") + b"h\x00\x85R0") * calls
+
+
+def big_int_key(digits_bytes: int = 200_000, uses: int = 20_000) -> bytes:
+    """A body: one memoized ``digits_bytes``-byte integer used as a dict key ``uses`` times."""
+    big = b"\x8b" + struct.pack("<i", digits_bytes) + b"\x01" * digits_bytes + b"q\x00"  # LONG4
+    return big + b"0}" + b"h\x00K\x01s" * uses + b"0"

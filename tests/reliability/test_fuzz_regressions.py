@@ -171,7 +171,7 @@ def test_shared_reference_chunk_flood_is_refused_from_the_file_size() -> None:
 
     data = pickle.dumps(Metadata({f"t{i}": shared for i in range(3000)}, storage_data={}))
     assert len(data) < 600_000  # 12 million chunks described by a few hundred kilobytes
-    with pytest.raises(CorruptCheckpoint, match="more chunks than a file of its size"):
+    with pytest.raises(CorruptCheckpoint, match="more chunks and values than a file of its size"):
         parse_metadata(data)
 
 

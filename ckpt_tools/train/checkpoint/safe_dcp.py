@@ -5,10 +5,13 @@ torch's ``FileSystemReader.read_metadata`` calls ``pickle.load`` on ``.metadata`
 item: a checkpoint from anywhere could execute whatever it names the moment someone resumes
 from it. Here both go through restrictions:
 
-- ``.metadata`` is unpickled with exactly the globals the torch-free reader accepts
-  (``ckpt_tools.dcp.metadata.METADATA_ALLOWLIST``: one policy for both halves), resolved to
-  the real torch classes so ``dcp.load`` gets the objects it expects; the file is size-capped
-  and must be a regular file (a FIFO would block forever);
+- ``.metadata`` is read by the torch-free reader (:mod:`ckpt_tools.dcp.metadata`: its
+  restricted, bounded unpickler and typed conversion - one policy for both halves), and the
+  torch ``Metadata`` that ``dcp.load`` expects is then built here from those checked plain
+  values. The pickle never reaches a torch class, a ``pathlib`` class or anything else that
+  outlives the load (a ``BUILD`` on a real class would rewrite it for the whole process), and
+  torch loads exactly what the validation judged; the file is size-capped and must be a
+  regular file (a FIFO would block forever);
 - non-tensor items (optimizer hyper-parameters) are read with ``torch.load(weights_only=True)``,
   torch's own data-only unpickler;
 - before any of that, :func:`require_valid_dcp_inputs` checks each DCP directory the resume
@@ -19,22 +22,29 @@ from it. Here both go through restrictions:
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
-import pickle
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tools.dcp import validate
-from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, METADATA_ALLOWLIST
-from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
+from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, BytesMeta, DcpMetadata, parse_metadata
+from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint, shown
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.io.safe_read import read_bytes
@@ -51,47 +61,49 @@ def require_valid_dcp_inputs(paths: StepPaths) -> None:
         validate.require_valid_dir(paths.root / part.path)
 
 
-def _resolve(module: str, name: str) -> Any:
-    """The real object behind an allowlisted global, or None where this torch lacks it."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-class _TorchMetadataUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, what: str) -> None:
-        super().__init__(io.BytesIO(data))
-        self._what = what
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _resolve(module, name) if (module, name) in METADATA_ALLOWLIST else None
-        if found is None:
-            raise UnsafeCheckpoint(
-                f"{self._what}: refused to load global {module}.{name} (checkpoint pickles may only hold data)"
-            )
-        return found
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise UnsafeCheckpoint(f"{self._what}: refused a persistent reference (not expected in .metadata)")
-
-
 def load_torch_metadata(path: str | os.PathLike[str]) -> Metadata:
-    """``.metadata`` as torch's ``Metadata``, built only from allowlisted globals."""
+    """``.metadata`` as torch's ``Metadata``, built from what the torch-free reader checked."""
     what = str(path)
     try:
         data = read_bytes(path, MAX_METADATA_BYTES)
     except OSError as e:
         raise CorruptCheckpoint(f"{what}: unreadable ({e.strerror or e})") from None
-    try:
-        metadata = _TorchMetadataUnpickler(data, what).load()
-    except UnsafeCheckpoint:
-        raise
-    except Exception as e:  # any malformed pickle: truncated, wrong opcodes, wrong arguments
-        raise CorruptCheckpoint(f"{what}: not a valid DCP .metadata ({type(e).__name__}: {e})"[:400]) from None
-    if not isinstance(metadata, Metadata):
-        raise CorruptCheckpoint(f"{what}: not a DCP .metadata (holds a {type(metadata).__name__})")
-    return metadata
+    return to_torch_metadata(parse_metadata(data, what=what), what)
+
+
+def to_torch_metadata(md: DcpMetadata, what: str) -> Metadata:
+    """torch's ``Metadata`` for ``md``: the fields torch's load reads, from plain checked values.
+
+    ``TensorProperties`` keeps only the dtype (the only field a load reads; torch marks the
+    others deprecated and the reader accepts only strided tensors); a ``MetadataIndex``'s
+    ``index`` is a search hint that equality ignores.
+    """
+    items: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+    for fqn, item in md.items.items():
+        if isinstance(item, BytesMeta):
+            items[fqn] = BytesStorageMetadata()
+            continue
+        dtype = getattr(torch, item.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise CorruptCheckpoint(f"{what}: {shown(fqn, 200)} has dtype {item.dtype}, which this torch lacks")
+        items[fqn] = TensorStorageMetadata(
+            properties=TensorProperties(dtype=dtype),
+            size=torch.Size(item.size),
+            chunks=[ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in item.chunks],
+        )
+    storage = {
+        MetadataIndex(fqn, offsets): _StorageInfo(
+            info.relative_path, info.offset, info.length, list(info.transform_descriptors) or None
+        )
+        for (fqn, offsets), info in md.storage.items()
+    }
+    return Metadata(
+        state_dict_metadata=items,
+        planner_data=dict(md.planner_data),
+        storage_data=storage,
+        storage_meta=StorageMeta(checkpoint_id=md.checkpoint_id, modules=list(md.modules)),
+        version=md.version,
+    )
 
 
 class SafeFileSystemReader(FileSystemReader):

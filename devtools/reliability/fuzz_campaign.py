@@ -38,8 +38,12 @@ def campaign(
     seed: int | None = None,
     shrink: bool = True,
     timeout: float = 60.0,
+    families: Sequence[str] | None = None,
 ) -> None:
-    """Run ``examples`` cases; ``seed`` None means derandomized (the same cases every run)."""
+    """Run ``examples`` cases; ``seed`` None means derandomized (the same cases every run).
+
+    ``families``: only these mutation families (default: all of them).
+    """
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
 
     @settings(
@@ -52,7 +56,7 @@ def campaign(
     )
     @given(
         st.integers(0, len(seeds) - 1),
-        st.sampled_from(sorted(FAMILIES)),
+        st.sampled_from(sorted(families or FAMILIES)),
         st.integers(0, 2**31 - 1),
     )
     def one(index: int, family: str, rng_seed: int) -> None:
@@ -76,6 +80,7 @@ class FuzzTally:
     crashes: int = 0
     memory_cap_hits: int = 0
     code_executions: int = 0
+    mutated_processes: int = 0  # a reader's load changed a shared object (a stand-in, pathlib, a dtype table)
     outside_writes: int = 0
     sources_deleted: int = 0
     wrong_accepts: int = 0  # a reader succeeded where it must refuse, or converted wrong bytes
@@ -90,9 +95,10 @@ class FuzzTally:
         self.tracebacks += sum(r.get("status") == "bug" for r in result.readers.values())
         self.tracebacks += sum("traceback" in v or "without exactly one" in v for v in result.violations)
         self.memory_cap_hits += sum(r.get("status") == "memory" for r in result.readers.values())
-        self.hangs += result.child == "timeout"
+        self.hangs += result.child == "timeout" or any("not bounded by its size" in v for v in result.violations)
         self.crashes += result.child == "crash"
         self.code_executions += result.code_executed
+        self.mutated_processes += bool(result.process_changes)
         self.outside_writes += len(result.outside_writes)
         self.sources_deleted += len(result.sources_deleted)
         self.wrong_accepts += sum(("must refuse" in v or "different bytes" in v) for v in result.violations)

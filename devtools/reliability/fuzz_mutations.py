@@ -584,6 +584,42 @@ def _place_pickle(arena: Arena, dcp: str, where: str, payload: bytes, family: st
     return Mutation(family, f"{dcp} {where} {fqn} := payload archive", touched, must)
 
 
+def build_pickle(arena: Arena, rng: random.Random) -> Mutation:
+    """A pickle that BUILDs, SETITEMs or APPENDs onto an object its load did not create.
+
+    A stand-in class, a function, a dtype stand-in, ``pathlib.PurePath``: all live as long as
+    the process, so one accepted change would alter how every later file is read (the runner
+    compares a fingerprint of them before and after the readers). The attack is the whole
+    ``.metadata``, or spliced in front of the real one (which then parses as before), or in
+    front of a real chunk's or non-tensor item's ``data.pkl``.
+    """
+    dcp = pick_dcp(arena, rng)
+    if not dcp:
+        return json_wrong_types(arena, rng)
+    directory = arena.step / dcp
+    attack = rng.choice(P.build_attacks())
+    md = load_torch_metadata(directory)
+    names = {"data": tensor_items(md), "plain": byte_items(md)}.get(attack.allowlist, [])
+    if attack.allowlist == "metadata" or not names:
+        meta = directory / ".metadata"
+        where = rng.choice(["alone", "spliced"]) if attack.allowlist == "metadata" else "alone"
+        meta.write_bytes(attack.alone() if where == "alone" else attack.before(meta.read_bytes()))
+        must = _must_fail_for_dcp(dcp) | {INSPECT}
+        return Mutation("build_pickle", f"{dcp}/.metadata := {attack.name} ({where})", [f"{dcp}/.metadata"], must)
+    fqn = rng.choice(names)
+    info = next(v for k, v in md.storage_data.items() if k.fqn == fqn)
+    with open(directory / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        archive = f.read(info.length)
+    blob = rewrite_data_pkl(archive, attack.before)
+    offset, length = append_blob(directory, info.relative_path, blob)
+    repoint(md, fqn, info.relative_path, offset, length)
+    save_torch_metadata(directory, md)
+    touched = [f"{dcp}/{info.relative_path}", f"{dcp}/.metadata"]
+    must = _convert_of(dcp) if attack.allowlist == "data" else frozenset()
+    return Mutation("build_pickle", f"{dcp} {fqn} data.pkl := {attack.name} + the real one", touched, must)
+
+
 def rewrite_data_pkl(archive: bytes, edit: Callable[[bytes], bytes]) -> bytes:
     """A torch.save archive with the same members, ``data.pkl`` replaced by ``edit(data.pkl)``."""
     import zipfile
@@ -596,6 +632,65 @@ def rewrite_data_pkl(archive: bytes, edit: Callable[[bytes], bytes]) -> bytes:
                 data = member.read()
             out.writestr(info.filename, edit(data) if info.filename.endswith("/data.pkl") else data)
     return buf.getvalue()
+
+
+WORK_BOMBS = (
+    "list_bomb_in_offsets",
+    "list_bomb_in_size",
+    "tuple_bomb_key",
+    "join",
+    "call_args",
+    "big_int_key",
+    "long_name",
+    "shared_name",
+)
+
+
+def metadata_work_bomb(arena: Arena, rng: random.Random) -> Mutation:
+    """A ``.metadata`` whose reading would cost time or memory far beyond its size.
+
+    One list shared 60 levels deep (2**60 leaves: a message that ``repr``s it never returns),
+    a tuple of the same shape as a dict key (hashing never returns), a memoized string joined
+    into a path 200 000 times, one list passed to ``torch.Size`` 50 000 times, a 200 kB
+    integer as a dict key 20 000 times, a megabyte-long tensor name, one 4000-character shard
+    name for 5 000 storage entries. Every reader must refuse each promptly (the runner's
+    deadline) within its memory cap.
+    """
+    dcp = pick_dcp(arena, rng)
+    if not dcp:
+        return json_wrong_types(arena, rng)
+    directory = arena.step / dcp
+    variant = rng.choice(WORK_BOMBS)
+    spliced = {
+        "tuple_bomb_key": P.tuple_bomb_as_key,
+        "join": P.join_bomb,
+        "call_args": P.call_args_bomb,
+        "big_int_key": P.big_int_key,
+    }
+    if variant in spliced:
+        meta = directory / ".metadata"
+        data = meta.read_bytes()
+        meta.write_bytes(data[:2] + spliced[variant]() + data[2:])
+    else:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        md = load_torch_metadata(directory)
+        fqn = rng.choice(tensor_items(md))
+        meta = md.state_dict_metadata[fqn]
+        if variant == "list_bomb_in_offsets":
+            meta.chunks[0].offsets = [P.list_bomb(60)]
+        elif variant == "list_bomb_in_size":
+            meta.size = [1, P.list_bomb(60)]
+        elif variant == "long_name":
+            md.state_dict_metadata["x" * 2**20] = meta
+        else:
+            info = next(v for k, v in md.storage_data.items() if k.fqn == fqn)
+            info.relative_path = "s" * 4000
+            for i in range(5_000):
+                md.storage_data[MetadataIndex(f"{fqn}.{i}", [i])] = info
+        save_torch_metadata(directory, md)
+    must = _must_fail_for_dcp(dcp) | {INSPECT}
+    return Mutation("metadata_work_bomb", f"{dcp}/.metadata {variant}", [f"{dcp}/.metadata"], must)
 
 
 # ----------------------------------------------------------------- paths, links and special files
@@ -763,6 +858,8 @@ FAMILIES: dict[str, Family] = {
     "zip_bomb": zip_bomb,
     "deep_pickle": deep_pickle,
     "callable_pickle": callable_pickle,
+    "build_pickle": build_pickle,
+    "metadata_work_bomb": metadata_work_bomb,
     "hostile_paths": hostile_paths,
     "json_wrong_types": json_wrong_types,
 }

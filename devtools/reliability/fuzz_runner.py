@@ -12,6 +12,9 @@ wall time is bounded. The parent then checks the rules of docs/reliability.md:
   message; anything else is a *bug* (what the CLI would show as a traceback);
 - no child ran out of its memory cap, none hung (killed at the deadline), none crashed;
 - the sentinel file that every code-running payload aims at does not exist;
+- the process-wide objects a pickle could reach (the allowlists' stand-ins, ``pathlib``'s
+  classes, the dtype tables: :mod:`devtools.reliability.process_state`) are unchanged after
+  the readers ran - else the case counts as a *mutated process*;
 - nothing in the arena changed except the conversion output directories (and the DCP
   directory that a *successful* ``--delete-dcp`` removes); a failed conversion left no output;
 - readers that can never succeed on this damage did not (``Mutation.must_fail``);
@@ -62,6 +65,8 @@ MEMORY_CAP = 2 * 2**30  # bytes of address space a reader may add on top of the 
 READERS = (INSPECT, VERIFY, PLAN, PUSH, CONVERT_MODEL, CONVERT_OPTIMIZER, CONVERT_DELETE)
 TARGET_FORMS = ("root", "step", "step", "pretrained_model", "model_dcp", "training_state")
 DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4, 5}
+# All readers on a small .metadata built to cost far more than its size: seconds, not the deadline.
+WORK_BOMB_SECONDS = 20.0
 PUBLISHING_FORMS = ("root", "step", "pretrained_model")  # target forms whose push reads pretrained_model/
 # The CLI's push must never reach a network: offline mode stops it right after its reading and
 # validation stage (exit 5), and the endpoint is a closed loopback port should that ever change.
@@ -242,6 +247,21 @@ def _call(fn: Any) -> dict[str, Any]:
         }
 
 
+def run_readers_watched(target: Path, arena: Arena, nproc: int) -> dict[str, Any]:
+    """:func:`run_readers`, and what they changed in the process's shared objects (in the fenced child)."""
+    from devtools.reliability import process_state
+
+    before = process_state.fingerprint()
+    started = time.monotonic()
+    readers = run_readers(target, arena, nproc)
+    elapsed = time.monotonic() - started
+    return {
+        "readers": readers,
+        "process_changes": process_state.changes(before, process_state.fingerprint()),
+        "elapsed_s": round(elapsed, 3),
+    }
+
+
 def run_readers(target: Path, arena: Arena, nproc: int) -> dict[str, dict[str, Any]]:
     """Every reader on ``target`` (in the fenced child); the deleting conversion last."""
     from ckpt_tools.convert import convert_dcp
@@ -301,6 +321,8 @@ class CaseResult:
     rss_growth_kib: int = 0
     violations: list[str] = field(default_factory=list)
     code_executed: bool = False
+    process_changes: list[str] = field(default_factory=list)  # shared objects a reader's load changed
+    elapsed_s: float = 0.0  # the readers' wall time, in the fenced child
     outside_writes: list[str] = field(default_factory=list)
     sources_deleted: list[str] = field(default_factory=list)
 
@@ -325,10 +347,12 @@ def run_case(
         nproc = rng.choice([1, 2, 4])
         result = CaseResult(seed.name, mutation.family, mutation.detail, form)
         before = snapshot(arena.root)
-        child = fenced(lambda: run_readers(target, arena, nproc), timeout)
+        child = fenced(lambda: run_readers_watched(target, arena, nproc), timeout)
         result.child = child["status"]
         if child["status"] == "done":
-            result.readers = child["value"]
+            result.readers = child["value"]["readers"]
+            result.process_changes = child["value"]["process_changes"]
+            result.elapsed_s = child["value"]["elapsed_s"]
             result.rss_growth_kib = child["rss_growth_kib"]
         judge(result, mutation, arena, seed, before, snapshot(arena.root))
         return result
@@ -357,8 +381,12 @@ def judge(
     if arena.sentinel.exists():
         result.code_executed = True
         v.append("CODE EXECUTED: the payload's sentinel file exists")
+    if result.process_changes:
+        v.append(f"PROCESS MUTATED: a load changed shared objects: {result.process_changes[:5]}")
     if result.child != "done":
         v.append(f"reader process {result.child} (hang or crash)")
+    if mutation.family == "metadata_work_bomb" and result.elapsed_s > WORK_BOMB_SECONDS:
+        v.append(f"metadata work not bounded by its size: the readers took {result.elapsed_s} s")
     for name, r in result.readers.items():
         if r["status"] in ("bug", "memory"):
             v.append(f"{name}: {r['status']} {r.get('type')}: {r.get('message', '')[:200]}\n{r.get('trace', '')}")

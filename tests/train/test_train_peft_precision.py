@@ -1,4 +1,4 @@
-"""PEFT (LoRA) on FSDP2/HSDP with adapter-only checkpoints; bf16 / fp16 mixed precision; FSDP options."""
+"""PEFT (LoRA) on FSDP2/HSDP with adapter-only checkpoints (and what the tools say of them); bf16 / fp16; FSDP options."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from ckpt_tools.resume.plan import plan_reshard
+from ckpt_tools.resume.target import TargetRequest
+from ckpt_tools.resume.verify import verify_resume
 from devtools.procs import REPO, launch_env, torchrun_command
 from devtools.training import TINY, dcp_to_dict, losses, ok, step_dir, train
+from tests.support.resume_audit import assert_plan_is_true
 
 pytestmark = pytest.mark.torchrun
 
@@ -80,8 +84,17 @@ def test_lora_resume_is_bit_exact_and_base_stays_sharded(
     src = lora_runs["fsdp"]
     out = tmp_path / "resumed"
     (out / "checkpoints").mkdir(parents=True)
-    shutil.copytree(step_dir(src, 2), out / "checkpoints" / "000002")
-    ok(train("--resume=true", f"--config_path={out / 'checkpoints/000002'}", f"--output_dir={out}", nproc=2))
+    ckpt = out / "checkpoints" / "000002"
+    shutil.copytree(step_dir(src, 2), ckpt)
+    # reshard-plan counts the frozen base the resume rebuilds from policy.path, read from its own header.
+    target = TargetRequest(nproc=2, dp_shard=2)
+    assert verify_resume(ckpt, target).resumable
+    plan = plan_reshard(ckpt, target)
+    assert plan.workable and plan.target.layout == "fsdp" and all(r.resident_complete for r in plan.ranks)
+    assert any(r.role == "base" and r.path == f"{base_policy}/model.safetensors" for r in plan.ranks[0].reads)
+    assert plan.ranks[0].resident.grads * 5 < plan.ranks[0].resident.params  # the frozen base dominates
+    ok(train("--resume=true", f"--config_path={ckpt}", f"--output_dir={out}", nproc=2))
+    assert_plan_is_true(plan, out)
     name = "pretrained_model/adapter_model.safetensors"
     a, b = load_file(str(step_dir(out, 4) / name)), load_file(str(step_dir(src, 4) / name))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -92,6 +105,29 @@ def test_lora_resume_is_bit_exact_and_base_stays_sharded(
     assert sum(x["resident"]["params"] for x in audits) == full + adapter_bytes
     assert all(x["resident"]["params"] < 0.6 * (full + adapter_bytes) for x in audits)
     assert all(x["resident"]["grads"] < 0.6 * adapter_bytes + 4096 for x in audits)  # only adapter grads
+
+
+def test_peft_base_moved_away_is_not_resumable(lora_runs: dict[str, Path], tmp_path: Path) -> None:
+    """A LoRA checkpoint holds only the adapter: without its base, verify-resume fails exactly when resume does."""
+    ckpt = tmp_path / "ckpt" / "000002"
+    shutil.copytree(step_dir(lora_runs["fsdp"], 2), ckpt)
+    gone = str(tmp_path / "moved" / "pretrained_model")
+    for name, keys in (
+        ("train_config.json", ("policy", "path")),
+        ("adapter_config.json", ("base_model_name_or_path",)),
+    ):
+        path = ckpt / "pretrained_model" / name
+        doc = json.loads(path.read_text())
+        (doc[keys[0]] if len(keys) == 2 else doc)[keys[-1]] = gone
+        path.write_text(json.dumps(doc))
+    report = verify_resume(ckpt)
+    assert not report.resumable
+    assert [c.name for c in report.failures] == ["peft-base"]
+    assert gone in report.failures[0].message and "no such directory" in report.failures[0].message
+    assert {c.name: c.status for c in report.checks}["adapter-config"] == "warn"
+    one = ["--parallelism.dp_shard=1", "--checkpoint_format=safetensors"]  # onto one process: the cheapest launch
+    proc = train("--resume=true", f"--config_path={ckpt}", *one, f"--output_dir={tmp_path / 'out'}")
+    assert proc.returncode != 0 and gone in proc.stderr, proc.stderr
 
 
 def test_lora_resumes_onto_one_process(lora_runs: dict[str, Path], tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ and ``reshard-plan`` use too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.check import Check
+from ckpt_tools.check import Check, Subject
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.errors import CheckpointError, CkptError
@@ -82,6 +83,7 @@ class InspectReport:
     path: str
     kind: str
     checks: list[Check] = field(default_factory=list)
+    checkpoint: str | None = None  # the step dir read, absolute, `last` followed (check.Subject)
     step: int | None = None
     formats: list[str] = field(default_factory=list)
     peft: bool | None = None
@@ -138,7 +140,17 @@ def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_v
         _inspect_dcp(located.path, located.path.name, report, tensors)
     else:
         _inspect_safetensors(located.path, located.path.name, report, tensors)
+    if report.checkpoint is None and kind is not L.PathKind.CHECKPOINTS_ROOT:
+        # A DCP dir or a file inside a step dir: the step verify-resume would read (none: in no step dir).
+        with contextlib.suppress(CheckpointError):
+            _subject(report, L.resolve_step(located.path).root, None)
     return report
+
+
+def _subject(report: InspectReport, step_dir: Path, record: TrainingStep | None) -> None:
+    """``checkpoint``, ``step`` and ``topology`` as ``verify-resume`` reports them (:class:`Subject`)."""
+    subject = Subject.of(step_dir, record)
+    report.checkpoint, report.step, report.topology = subject.checkpoint, subject.step, subject.topology
 
 
 # ====================================================================== checkpoints root
@@ -182,7 +194,7 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
     """Take the inspected step's details into the root report (checks prefixed with its name)."""
     name = Path(sub.path).name
     report.checks.extend(Check(f"{name}: {c.name}", c.status, c.message) for c in sub.checks)
-    for attr in ("step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
+    for attr in ("checkpoint", "step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
     report.leftovers += [f"{name}/{rel}" for rel in sub.leftovers]
@@ -193,8 +205,8 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
 
 
 def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only: L.PathKind | None = None) -> None:
-    report.step = paths.step
     record = _training_step(paths, report)
+    _subject(report, paths.root, record)
     pm = paths.pretrained_model
     peft = manifest.is_peft(pm, record=record)
     report.peft = peft
@@ -225,12 +237,6 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
         return None
     report.training_step = record.to_dict()
     report.legacy = record.is_legacy
-    if record.topology is not None:
-        report.topology = record.topology.describe()
-    elif record.is_legacy:
-        report.topology = (
-            f"unknown: 0.6.x-era record (num_processes={record.legacy_num_processes}, no dp_replicate/dp_shard)"
-        )
     if record.batch is not None:
         report.batch = record.batch.describe()
     summary = record.unknown_summary()

@@ -75,7 +75,7 @@ def print_report(report: Any) -> None:
     echo = typer.echo
     step = f" (step {report.step})" if report.step is not None else ""
     echo(f"verify-resume {report.checkpoint}{step}")
-    echo(f"  {report.source or 'unknown topology'} → {report.target or 'no valid target'}")
+    echo(f"  {report.topology or 'unknown topology'} → {report.target or 'no valid target'}")
     width = max((len(c.name) for c in report.checks), default=0)
     for c in report.checks:
         echo(f"  {MARKS.get(c.status, c.status.upper())}  {c.name:<{width}}  {c.message}")

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckpt_tools.check import FAIL, WARN, Check
+from ckpt_tools.check import FAIL, WARN, Check, Subject
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
@@ -27,9 +27,9 @@ from ckpt_tools.resume.target import TargetRequest, resolve_target
 
 @dataclass
 class VerifyReport:
-    checkpoint: str
+    checkpoint: str  # the step dir read: absolute, `last` followed (as inspect's, check.Subject)
     step: int | None
-    source: str | None  # the saved topology, described
+    topology: str | None  # the saved topology, described (as inspect's)
     target: str | None  # the target topology, described (None: it does not resolve)
     strict: bool
     checks: list[Check] = field(default_factory=list)
@@ -47,7 +47,7 @@ class VerifyReport:
         return {
             "checkpoint": self.checkpoint,
             "step": self.step,
-            "source": self.source,
+            "topology": self.topology,
             "target": self.target,
             "strict": self.strict,
             "resumable": self.resumable,
@@ -77,14 +77,15 @@ def verify_resume(
         request = replace(request, nproc=_implied_nproc(request.dp_replicate, request.dp_shard, target_config))
     request.check()
     paths = resolve_step(checkpoint)
-    report = VerifyReport(checkpoint=str(paths.root), step=paths.step, source=None, target=None, strict=strict)
+    subject = Subject.of(paths.root, None)
+    report = VerifyReport(subject.checkpoint or str(paths.root), subject.step, None, None, strict=strict)
     try:
         source = load_source(paths)
     except CkptError as e:
         report.checks.append(Check.fail("training-step", str(e)))
         return report
-    report.step = source.record.step
-    report.source = source.record.topology.describe() if source.record.topology else None
+    subject = Subject.of(paths.root, source.record)
+    report.step, report.topology = subject.step, subject.topology
     target = resolve_target(target_config or source.config, source.record, request)
     report.target = target.topology.describe() if target.topology else None
     report.checks = resume_checks(source, target)

@@ -78,3 +78,22 @@ def test_bad_input_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], (args, proc.stderr)
     helptext = run_cli("verify-resume", "--help", no_torch=True).stdout
     assert "Examples:" in helptext and "--strict" in helptext and "Exit codes" in helptext
+
+
+def test_inspect_and_verify_resume_name_the_same_checkpoint_step_and_topology(runs: dict[str, Path]) -> None:
+    """One shape: a script reads `checkpoint`, `step` and `topology` from either command's JSON, for any path form."""
+    run = runs["fsdp"]
+    for path in (run / "checkpoints" / "last", run / "checkpoints", run / "checkpoints/last/pretrained_model", run):
+        inspected = json.loads(invoke_cli("inspect", str(path), "--json").stdout)
+        verified = json.loads(invoke_cli("verify-resume", str(path), "--json").stdout)
+        assert {k: inspected[k] for k in ("checkpoint", "step", "topology")} == {
+            "checkpoint": str((run / "checkpoints" / "000008").resolve()),
+            "step": 8,
+            "topology": "FSDP over 2 shards, 1 node",
+        }, path
+        assert {k: verified[k] for k in ("checkpoint", "step", "topology")} == {
+            k: inspected[k] for k in ("checkpoint", "step", "topology")
+        }, path
+    legacy = [json.loads(invoke_cli(c, str(LEGACY_CHECKPOINT), "--json").stdout) for c in ("inspect", "verify-resume")]
+    assert legacy[0]["topology"] == legacy[1]["topology"] and legacy[0]["topology"].startswith("unknown: 0.6.x-era")
+    assert legacy[0]["step"] == legacy[1]["step"] is not None

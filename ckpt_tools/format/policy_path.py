@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_tools.errors import CheckpointError
-from ckpt_tools.format import manifest
+from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import pretrained_model_dir
+from ckpt_tools.io.safe_read import read_json_file
 
 
 def is_hub_id(path: str) -> bool:
@@ -53,3 +54,30 @@ def policy_weights(directory: Path) -> PolicyWeights | None:
         if path.exists():
             return PolicyWeights(path, adapter)
     return None
+
+
+def adapter_refusal(path: str, directory: Path) -> str | None:
+    """Why a saved PEFT adapter is not a ``--policy.path``, and what to pass instead (None: not an adapter).
+
+    ``--policy.path`` starts a run from full weights. An adapter dir holds only the LoRA weights
+    of a frozen base: the two things a user can mean by it are a new adapter on that base (the
+    base as ``--policy.path``, with ``--peft.*``) or more training of this one (a resume of the
+    step it was saved at). The line names both, with the base ``adapter_config.json`` records.
+    """
+    weights = policy_weights(directory)
+    if weights is None or not weights.adapter:
+        return None
+    try:
+        config = read_json_file(directory / layout.ADAPTER_CONFIG, want_object=True)
+        base = config.get("base_model_name_or_path") or None
+    except CkptError:
+        base = None
+    new = f"--policy.path={base}" if isinstance(base, str) else "its base policy as --policy.path"
+    step = directory.parent
+    resume = ""
+    if directory.name == layout.PRETRAINED_MODEL_DIR and (step / layout.TRAINING_STATE_DIR).is_dir():
+        resume = f", or continue it with --resume=true --config_path={step}"
+    return (
+        f"--policy.path={path}: a PEFT adapter ({layout.ADAPTER_WEIGHTS}), not a full policy; to train an"
+        f" adapter on its base pass {new} with --peft.method_type=LORA --peft.r=N{resume}"
+    )

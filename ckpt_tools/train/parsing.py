@@ -23,6 +23,7 @@ import draccus
 
 from ckpt_tools.errors import CheckpointError, ConfigError
 from ckpt_tools.format import layout
+from ckpt_tools.format.policy_path import adapter_refusal
 from ckpt_tools.format.train_config import read_saved_config
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.config import TrainConfig
@@ -189,6 +190,9 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
     from ckpt_tools.train.pretrained import resolve_policy_dir, saved_policy_config
 
     directory = resolve_policy_dir(policy_path)
+    refusal = adapter_refusal(policy_path, directory)
+    if refusal is not None:  # before the model is built: an adapter alone leaves nothing to train
+        raise ConfigError(refusal)
     saved = saved_policy_config(directory)
     if cli_type is not None and cli_type != saved.get("type"):
         raise ConfigError(

@@ -8,7 +8,7 @@ import pytest
 
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.policy_path import is_hub_id, locate_policy, policy_weights
+from ckpt_tools.format.policy_path import adapter_refusal, is_hub_id, locate_policy, policy_weights
 from ckpt_tools.format.rules.startup import saved_format
 
 
@@ -44,3 +44,27 @@ def test_the_full_model_wins_over_an_adapter(tmp_path: Path) -> None:
 def test_a_non_sharded_run_saves_safetensors(fmt: L.CheckpointFormat) -> None:
     assert saved_format(fmt, sharded=True) is fmt
     assert saved_format(fmt, sharded=False) is L.CheckpointFormat.SAFETENSORS
+
+
+def test_a_peft_adapter_is_refused_as_a_starting_policy(tmp_path: Path) -> None:
+    """What to pass instead: the base the adapter records, with --peft.*; or, in a step dir, a resume."""
+    step = tmp_path / "run" / "checkpoints" / "000004"
+    adapter = step / L.PRETRAINED_MODEL_DIR
+    adapter.mkdir(parents=True)
+    (step / L.TRAINING_STATE_DIR).mkdir()
+    (adapter / L.ADAPTER_WEIGHTS).write_bytes(b"")
+    (adapter / L.ADAPTER_CONFIG).write_text('{"base_model_name_or_path": "/runs/base/pretrained_model"}')
+    assert adapter_refusal("run/checkpoints/last", adapter) == (
+        f"--policy.path=run/checkpoints/last: a PEFT adapter ({L.ADAPTER_WEIGHTS}), not a full policy; to train an"
+        " adapter on its base pass --policy.path=/runs/base/pretrained_model with --peft.method_type=LORA"
+        f" --peft.r=N, or continue it with --resume=true --config_path={step}"
+    )
+    converted = tmp_path / "converted"  # convert-dcp's output: no training state, no recorded base
+    converted.mkdir()
+    (converted / L.ADAPTER_WEIGHTS).write_bytes(b"")
+    line = adapter_refusal(str(converted), converted)
+    assert line is not None and line.endswith(
+        "pass its base policy as --policy.path with --peft.method_type=LORA --peft.r=N"
+    )
+    (adapter / L.MODEL_WEIGHTS).write_bytes(b"")  # full weights: a policy
+    assert adapter_refusal(str(adapter), adapter) is None

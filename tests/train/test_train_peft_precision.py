@@ -130,6 +130,43 @@ def test_peft_base_moved_away_is_not_resumable(lora_runs: dict[str, Path], tmp_p
     assert proc.returncode != 0 and gone in proc.stderr, proc.stderr
 
 
+def test_a_peft_adapter_is_not_a_policy_path(
+    lora_runs: dict[str, Path], base_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """LeRobot's "load a PEFT checkpoint with --policy.path": refused in one line naming what to pass instead.
+
+    The adapter holds no full weights (an `optimizer got an empty parameter list` traceback
+    before); the trainer refuses it before anything is built, and verify-resume fails a
+    checkpoint whose policy.path names one with the same line.
+    """
+    from tests.support.train_cli import refused_in_process
+
+    peft_checkpoint = step_dir(lora_runs["fsdp"], 4)
+    adapter = peft_checkpoint / "pretrained_model"
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    flags = [a for a in TINY if not a.startswith("--policy.")]
+    line = refused_in_process([*flags, f"--policy.path={adapter}", f"--output_dir={tmp_path / 'out'}"], capsys)
+    expected = (
+        f"--policy.path={adapter}: a PEFT adapter (adapter_model.safetensors), not a full policy; to train an"
+        f" adapter on its base pass --policy.path={base} with --peft.method_type=LORA --peft.r=N, or continue it"
+        f" with --resume=true --config_path={peft_checkpoint}"
+    )
+    assert line == f"error: {expected}"
+    with_peft = refused_in_process(
+        [*flags, f"--policy.path={adapter}", "--peft.r=4", f"--output_dir={tmp_path}"], capsys
+    )
+    assert with_peft == line
+    assert not (tmp_path / "out").exists()
+    ckpt = tmp_path / "ckpt" / base_policy.parent.name  # a full-weights run's checkpoint
+    shutil.copytree(base_policy.parent, ckpt)
+    config = ckpt / "pretrained_model" / "train_config.json"
+    doc = json.loads(config.read_text())
+    doc["policy"]["path"] = str(adapter)  # a run started from the adapter (by a version that took one)
+    config.write_text(json.dumps(doc))
+    failures = {c.name: c.message for c in verify_resume(ckpt).failures}
+    assert failures == {"pretrained-policy": f"train_config.json policy.path: {expected}"}
+
+
 def test_lora_resumes_onto_one_process(lora_runs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "single"
     ok(

@@ -14,7 +14,7 @@ from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import dataset
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.policy_path import locate_policy, policy_weights
+from ckpt_tools.format.policy_path import adapter_refusal, locate_policy, policy_weights
 from ckpt_tools.format.record import BatchFactorization
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.scaling import linear_scaling
@@ -146,6 +146,9 @@ def _policy_dir(name: str, path: str, what: str, role: str) -> Check:
         return Check.fail(name, f"{what} {e} - it holds the weights {role}")
     if not isinstance(located, Path):
         return Check.ok(name, f"{what} {path}: a Hub id, resolved through the Hugging Face cache at start-up")
+    refusal = adapter_refusal(path, located)
+    if refusal is not None:  # the trainer's own line: it loads full weights only
+        return Check.fail(name, f"{what}: {refusal}")
     if policy_weights(located) is not None:
         return Check.ok(name, f"{what} {path}: the weights {role}")
     return Check.fail(name, f"{what} {path}: no {L.MODEL_WEIGHTS} there, the weights {role}")

@@ -1,0 +1,31 @@
+"""``ckpt-train``'s entry point called inside the test process, for what it decides before any process group.
+
+A refusal at start-up, ``--help``, "nothing to do": the entry point exits before torch
+distributed starts, so the test needs no launch. Only for those: on a set-up it accepts,
+the entry point would go on and train in the test process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt_tools.train.cli import main
+
+
+def exits_in_process(argv: list[str], capsys: pytest.CaptureFixture[str], code: int) -> tuple[str, str]:
+    """Run the entry point on ``argv``: it must exit with ``code``; its (stdout, stderr)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return captured.out, captured.err
+
+
+def refused_in_process(argv: list[str], capsys: pytest.CaptureFixture[str], code: int = 2) -> str:
+    """The one line the entry point prints for a start-up refusal (exit ``code``, nothing on stdout)."""
+    out, err = exits_in_process(argv, capsys, code)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert not out
+    return lines[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from devtools.procs import no_torch_env, run_cli
+from devtools.procs import no_torch_env, run_cli, script
 
 IMPORT_ALL_TOOL_MODULES = """
 import importlib, pkgutil, ckpt_tools
@@ -37,3 +37,14 @@ def test_cli_version_without_torch() -> None:
     proc = run_cli("--version", no_torch=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ckpt-tools ")
+
+
+def test_the_trainer_without_the_training_extra_says_what_to_install() -> None:
+    """A tools-only install (no torch): `ckpt-train` is one line naming the extra, not an ImportError traceback."""
+    for args in (["--dataset.root=fixtures/tiny_robot", "--policy.type=act", "--output_dir=out"], ["--help"]):
+        proc = subprocess.run([script("ckpt-train"), *args], env=no_torch_env(), capture_output=True, text=True)
+        assert proc.returncode == 2 and not proc.stdout, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith("error: ckpt-train needs the `training` extra: torch cannot be imported")
+        assert "pip install -e '.[training]'" in lines[0]

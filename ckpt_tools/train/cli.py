@@ -11,6 +11,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -18,10 +19,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ckpt_tools.errors import CkptError, ExitCode, PeerLost, WriteError
-from ckpt_tools.train.parallel.distributed import env_rank
+from ckpt_tools.errors import CkptError, ConfigError, ExitCode, PeerLost, WriteError
+from ckpt_tools.train.env_guard import env_rank
 
 PEER_LOST_GRACE_S = 3.0
+# What the `training` extra brings that every launch imports (accelerate and peft are imported
+# only by the launcher and by PEFT runs, which name them when missing).
+TRAINING_MODULES = ("torch", "draccus")
+HELP_FLAGS = ("--help", "-h")
 
 if TYPE_CHECKING:
     from ckpt_tools.train.config import TrainConfig
@@ -31,11 +36,19 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     is_main = env_rank() == 0
     try:
-        from ckpt_tools.train.env_guard import check_accelerate_env
-        from ckpt_tools.train.parsing import parse_train_config
+        _require_training_extra()
+        if any(arg in HELP_FLAGS for arg in args):
+            from ckpt_tools.train.help import render_help
 
+            print(render_help(), end="")
+            sys.exit(0)
+        from ckpt_tools.train.env_guard import check_accelerate_env, check_launcher_env
+        from ckpt_tools.train.parsing import parse_train_args
+
+        check_launcher_env(os.environ)
         acknowledged = check_accelerate_env(os.environ)
-        cfg, resume_from = parse_train_config(args)
+        parsed = parse_train_args(args)
+        cfg, resume_from = parsed.cfg, parsed.resume_from
         step = None
         if resume_from is not None:
             from ckpt_tools.train.checkpoint.load import preflight_resume
@@ -43,14 +56,43 @@ def main(argv: list[str] | None = None) -> None:
             # A 0.6.x checkpoint is named as such before anything else, then one whose parts disagree.
             step = preflight_resume(resume_from).step
         cfg.validate()
-        notices = _resume_output(cfg, resume_from, step) if resume_from is not None and step is not None else []
+        done = _already_done(cfg, step) if resume_from is not None and step is not None else None
+        notices = []
+        if done is None and resume_from is not None and step is not None:
+            notices = _resume_output(cfg, resume_from, step)
     except CkptError as e:
         _fail(e, is_main)
+    if done is not None:
+        if is_main:
+            print(done, flush=True)
+        sys.exit(0)  # before any process group: every rank reaches the same verdict and exits
     if acknowledged and is_main:
         print(f"warning: accelerate engine variables acknowledged and ignored: {', '.join(acknowledged)}", flush=True)
+    for note in parsed.notes if is_main else ():
+        print(f"note: {note}", flush=True)
     for notice in notices if is_main else []:
         print(f"warning: {notice}", flush=True)
     _run(cfg, resume_from)
+
+
+def _require_training_extra() -> None:
+    """Refuse in one line, naming the extra, when what every launch imports is not installed."""
+    for name in TRAINING_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(
+                f"ckpt-train needs the `training` extra: {name} cannot be imported ({e}); install CPU torch, then"
+                " pip install -e '.[training]' in a checkout of ckpt_tools, or"
+                " pip install 'ckpt-tools[training] @ git+<its repository URL>' (README: Set up and run)"
+            ) from None
+
+
+def _already_done(cfg: TrainConfig, step: int) -> str | None:
+    """The line a resume of a run that already reached ``--steps`` ends with (None: there is work)."""
+    from ckpt_tools.format.rules.resume_output import nothing_to_do
+
+    return nothing_to_do(Path(str(cfg.output_dir)), step, cfg.steps)
 
 
 def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:

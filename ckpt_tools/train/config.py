@@ -18,7 +18,13 @@ import draccus
 
 from ckpt_tools.errors import ConfigError, UsageError
 from ckpt_tools.format.layout import TRAIN_CONFIG, CheckpointFormat
-from ckpt_tools.format.rules.startup import RunSettings, setting_refusals, world_refusals
+from ckpt_tools.format.rules.startup import (
+    RunSettings,
+    default_save_freq,
+    default_save_freq_note,
+    setting_refusals,
+    world_refusals,
+)
 from ckpt_tools.format.train_config import SavedConfig, absolute_path
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -116,7 +122,9 @@ class TrainConfig:
     seed: int = 1000
     steps: int = 100
     batch_size: int = 8
-    save_freq: int = 50
+    # Loop steps between checkpoints (the final step is always saved). None: DEFAULT_SAVE_FREQ,
+    # rounded up to a multiple of the accumulation steps (fill_defaults; the saved config holds the number).
+    save_freq: int | None = None
     save_checkpoint: bool = True
     log_freq: int = 10
     checkpoint_format: str = CheckpointFormat.SAFETENSORS.value
@@ -171,6 +179,20 @@ class TrainConfig:
             self.dataset.root = absolute_path(self.dataset.root)
         if self.policy is not None and self.policy.path and Path(self.policy.path).expanduser().exists():
             self.policy.path = absolute_path(self.policy.path)
+
+    def fill_defaults(self) -> list[str]:
+        """Fill the defaults that depend on other flags; return what the start-up says about them.
+
+        Done before the config is checked and saved, so ``train_config.json`` (and a resume) holds
+        the value that ran.
+        """
+        notes = []
+        if self.save_freq is None:
+            self.save_freq = default_save_freq(self.grad_accum_steps)
+            note = default_save_freq_note(self.grad_accum_steps)
+            if note is not None:
+                notes.append(note)
+        return notes
 
     def validate(self) -> None:
         """Checks that need no process group: every message names its flag."""

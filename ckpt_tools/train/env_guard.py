@@ -1,4 +1,12 @@
-"""Refuse accelerate's engine-configuring environment variables: accelerate is only a launcher here.
+"""What the launcher left in the environment, checked before torch is imported.
+
+- :func:`check_launcher_env`: a launcher that started processes without telling them their
+  rank - ``accelerate launch --num_processes=N`` on a machine with fewer than two GPUs starts
+  one plain process unless given ``--multi_gpu`` - is named, with the fix, instead of torch's
+  ``RANK`` traceback.
+- :func:`check_accelerate_env`: accelerate is only a launcher here; its engine-configuring
+  variables are refused.
+
 
 An ``accelerate config`` YAML configures the engine through environment variables, behind
 the back of our own config, so ``train_config.json`` would no longer describe what ran. A
@@ -9,9 +17,42 @@ not refused.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from ckpt_tools.errors import ConfigError
+
+# What torchrun (and accelerate's multi-process launchers) export to each process.
+RANK_VARS = ("RANK", "WORLD_SIZE")
+
+
+def env_rank(env: Mapping[str, str] | None = None) -> int:
+    """The launcher's rank before any process group exists (0 for a plain run)."""
+    return int((os.environ if env is None else env).get("RANK", "0"))
+
+
+def check_launcher_env(env: Mapping[str, str]) -> None:
+    """Refuse a process told where the rendezvous is (``MASTER_ADDR``) but not its rank or world size.
+
+    That is what ``accelerate launch --num_processes=N`` (or ``--num_machines``) leaves when it
+    starts a single process: it does so unless ``--multi_gpu`` is given or two GPUs are visible.
+    torch would stop at ``RANK``; the N processes cannot be started from here, since accelerate
+    does not pass N on.
+    """
+    if "MASTER_ADDR" not in env or all(name in env for name in RANK_VARS):
+        return
+    missing = " and ".join(name for name in RANK_VARS if name not in env)
+    if "ACCELERATE_USE_CPU" in env:  # set by accelerate's single-process launcher, and only there
+        raise ConfigError(
+            f"accelerate launch started one process without {missing}: with fewer than 2 GPUs it starts"
+            " --num_processes processes only when given --multi_gpu; add --multi_gpu"
+            " (accelerate launch --multi_gpu --num_processes=N ...) or use torchrun --nproc-per-node=N"
+        )
+    raise ConfigError(
+        f"MASTER_ADDR is set but {missing} not: start several processes with torchrun --nproc-per-node=N"
+        " (or accelerate launch --multi_gpu --num_processes=N), or unset MASTER_ADDR for one process"
+    )
+
 
 ALLOW_VARS = ("LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV")
 _FALSY = {"", "0", "false", "no", "none"}

@@ -13,6 +13,7 @@ import torch
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
+from ckpt_tools.format.rules.resume_output import saved_step_dir
 from ckpt_tools.train.checkpoint.manager import CheckpointManager
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
@@ -87,6 +88,8 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
     for line in banner:
         log(env, line)
+    for warning in state.parallel.warnings:
+        log(env, f"warning: {warning}")
     if resume_from is not None:
         report = manager.load(resume_from)
         position = state.sampler.position()
@@ -166,6 +169,8 @@ def build_state(
 def train_steps(state: TrainingState, manager: CheckpointManager, dataset: RobotDataset, tracker: Any) -> None:
     """The loop: micro-steps, optimizer updates at window ends, logging, checkpoints, SIGTERM."""
     cfg, env = state.cfg, state.env
+    save_freq = cfg.save_freq
+    assert save_freq is not None, "parse_train_args fills --save_freq's default"
     params = [p for p in state.parallel.inner.parameters() if p.requires_grad]
     window = MetricsWindow(env, state.sampler.samples_per_step)
     report = Reporter(cfg, env, state.step, tracker)
@@ -200,15 +205,16 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
                 report.step(step, window.reduce(), state)
             else:
                 report.tick()
-            if cfg.save_checkpoint and (step % cfg.save_freq == 0 or step == cfg.steps):
+            if cfg.save_checkpoint and (step % save_freq == 0 or step == cfg.steps):
                 report.checkpoint(manager.save(step))
             if stop.agreed(env) and state.step < cfg.steps:
                 break
         if cfg.save_checkpoint and first_step_of_process and not stop.stopping:
-            final_missing = not (manager.root / layout.step_dir_name(state.step, cfg.steps)).exists()
+            final_missing = saved_step_dir(Path(str(cfg.output_dir)), state.step) is None
             if agree(env, final_missing):
                 # Resumed at the final step into an output dir without that checkpoint: write
-                # the restored state there, so the output dir ends with its final checkpoint.
+                # the restored state there, so the output dir ends with its final checkpoint
+                # (with it there, the entry point said there was nothing to do and stopped).
                 report.checkpoint(manager.save(state.step))
         manager.wait()  # an in-flight background save completes before the run ends
     finally:

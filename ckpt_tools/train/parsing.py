@@ -153,8 +153,28 @@ def _decoding_message(error: Exception) -> str:
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class ParsedArgs:
+    """What the command line asks for: the config, the step dir to resume from, what to say first."""
+
+    cfg: TrainConfig
+    resume_from: Path | None
+    notes: tuple[str, ...] = ()  # defaults chosen from other flags, said at start-up
+
+
 def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
-    """(config, step dir to resume from or None)."""
+    """(config, step dir to resume from or None), every default filled in."""
+    parsed = parse_train_args(argv)
+    return parsed.cfg, parsed.resume_from
+
+
+def parse_train_args(argv: list[str]) -> ParsedArgs:
+    """The command line as :class:`ParsedArgs`; a bad flag raises :class:`ConfigError` naming it."""
+    cfg, resume_from = _parse(argv)
+    return ParsedArgs(cfg, resume_from, tuple(cfg.fill_defaults()))
+
+
+def _parse(argv: list[str]) -> tuple[TrainConfig, Path | None]:
     args = list(argv)
     _check_names(args)
     config_path = _pop(args, "config_path")
@@ -210,4 +230,4 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-__all__ = ["flag_names", "parse_train_config"]
+__all__ = ["ParsedArgs", "flag_names", "parse_train_args", "parse_train_config"]

@@ -25,6 +25,8 @@ from ckpt_tools.format.rules.ignored_modules import (
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.format.rules.startup import (
     RunSettings,
+    default_save_freq,
+    default_save_freq_note,
     resolve_parallelism,
     setting_refusals,
     world_refusals,
@@ -133,7 +135,7 @@ def test_unknown_settings_are_not_checked() -> None:
         (
             {"save_freq": 3, "grad_accum_steps": 2},
             "--save_freq=3: must be a multiple of --accelerator.gradient_accumulation.steps=2"
-            " (a checkpoint must not fall inside an accumulation window)",
+            " (a checkpoint must not fall inside an accumulation window); pass --save_freq=4",
         ),
         ({"checkpoint_format": "zip"}, "--checkpoint_format=zip: choose one of safetensors, dcp, safetensors_dcp"),
         ({"optimizer_type": "sgd"}, "--optimizer.type=sgd: only adamw is supported"),
@@ -196,6 +198,20 @@ def test_unknown_settings_are_not_checked() -> None:
 )
 def test_each_setting_refusal(settings: dict[str, object], line: str) -> None:
     assert _lines(**settings) == [line]
+
+
+@pytest.mark.parametrize(("accum", "chosen"), [(1, 50), (2, 50), (3, 51), (4, 52), (7, 56), (64, 64)])
+def test_the_default_save_freq_is_a_whole_number_of_accumulation_windows(accum: int, chosen: int) -> None:
+    """LeRobot's `--accelerator.gradient_accumulation.steps=4` without `--save_freq` must start."""
+    assert default_save_freq(accum) == chosen
+    assert _lines(save_freq=chosen, grad_accum_steps=accum) == []
+    note = default_save_freq_note(accum)
+    if accum == 1:
+        assert note is None
+    else:
+        assert note is not None and f"a checkpoint every {chosen} loop steps" in note
+        assert f"--accelerator.gradient_accumulation.steps={accum}: every {chosen // accum} optimizer updates" in note
+        assert ("50 rounded up" in note) == (chosen != 50)
 
 
 def test_passing_settings_are_quiet() -> None:

@@ -76,6 +76,27 @@ def test_the_resume_of_a_copied_run_writes_into_the_copy(
     assert not cfg.overwrite_checkpoints  # never carried over from the saved config
 
 
+def test_resuming_a_run_that_reached_its_steps_has_nothing_to_do(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line, exit 0, before any process group - and nothing written: no audit, no metrics, no checkpoint."""
+    from tests.support.train_cli import exits_in_process
+
+    run = copy_run(runs["ddp"], tmp_path / "run")
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    for extra in ([], ["--steps=4"]):  # at --steps, and past it
+        out, err = exits_in_process(
+            ["--resume=true", f"--config_path={run / 'checkpoints' / 'last'}", *extra], capsys, 0
+        )
+        steps = extra[0].split("=")[1] if extra else "8"
+        assert out == (
+            f"nothing to do: the run is at step 8 and --steps={steps} ({step_dir(run, 8)} holds it);"
+            " pass --steps above 8 to train further\n"
+        )
+        assert not err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
 # ---------------------------------------------------------------------- the trainer (one launch each)
 
 

@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.format.rules.startup import RunSettings
-from ckpt_tools.train.cli import main
+from ckpt_tools.format.rules.startup import CHECKPOINT_FORMATS, MIXED_PRECISION_CHOICES, POLICY_DTYPES, RunSettings
+from ckpt_tools.train.config import FSDPConfig, train_config_dict
 from ckpt_tools.train.env_guard import check_accelerate_env
-from ckpt_tools.train.parsing import parse_train_config
+from ckpt_tools.train.parallel.wrap import root_only_warning, select_wrap_units
+from ckpt_tools.train.parsing import flag_names, parse_train_args, parse_train_config
+from ckpt_tools.train.policies import make_policy
+from ckpt_tools.train.policies.configs import ACTConfig
 from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
+from tests.support.train_cli import exits_in_process, refused_in_process
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -34,25 +38,10 @@ ENGINE_ENV = {
 }
 
 
-def refused_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """``ckpt-train``'s entry point, in this process: the one line it prints and exit code 2.
-
-    Only for refusals made before any process group exists (the entry point would go on to
-    train otherwise).
-    """
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    assert stopped.value.code == 2
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert "Traceback" not in captured.err and not captured.out
-    return lines[0]
-
-
 @pytest.fixture
 def no_engine_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in (*ENGINE_ENV, "LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV", "RANK"):
+    launcher = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU")
+    for name in (*ENGINE_ENV, "LEROBOT_ALLOW_ACCELERATE_ENV", "CKPT_TOOLS_ALLOW_ACCELERATE_ENV", *launcher):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -152,6 +141,96 @@ def test_a_dataset_with_a_nan_statistic_is_one_line_and_exit_2(tmp_path: Path) -
     line = one_error_line(proc)
     assert line == f"error: dataset {root}: meta/stats.json: action.std[5]=nan: must be a finite number above 0"
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_gradient_accumulation_without_save_freq_starts(tmp_path: Path) -> None:
+    """LeRobot's `--batch_size=8 --accelerator.gradient_accumulation.steps=4 ...`, no --save_freq: it starts.
+
+    The default is rounded to whole accumulation windows and said; an explicit value is not
+    rounded, and its refusal names the value that would pass.
+    """
+    flags = [*TINY, "--batch_size=8", "--accelerator.gradient_accumulation.steps=4", f"--output_dir={tmp_path}"]
+    parsed = parse_train_args(flags)
+    parsed.cfg.validate()
+    assert parsed.cfg.save_freq == 52 and train_config_dict(parsed.cfg)["save_freq"] == 52  # what ran is saved
+    assert parsed.notes == (
+        "--save_freq not given: a checkpoint every 52 loop steps (50 rounded up to a multiple of"
+        " --accelerator.gradient_accumulation.steps=4: every 13 optimizer updates)",
+    )
+    assert parse_train_args(flags[:-2] + flags[-1:]).notes == ()  # no accumulation: the plain default, unsaid
+    explicit, _ = parse_train_config([*flags, "--save_freq=50"])
+    with pytest.raises(ConfigError, match=r"--save_freq=50: must be a multiple of .*; pass --save_freq=52$"):
+        explicit.validate()
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        (
+            # what `accelerate launch --num_processes=2` exports to the one process it starts without GPUs
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "ACCELERATE_USE_CPU": "False"},
+            "error: accelerate launch started one process without RANK and WORLD_SIZE: with fewer than 2 GPUs it"
+            " starts --num_processes processes only when given --multi_gpu; add --multi_gpu",
+        ),
+        (
+            {"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": "2"},
+            "error: MASTER_ADDR is set but RANK not: start several processes with torchrun --nproc-per-node=N",
+        ),
+    ],
+)
+def test_a_launch_that_gave_no_rank_names_the_fix(
+    env: dict[str, str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_engine_env: object
+) -> None:
+    for name, value in env.items():
+        no_engine_env.setenv(name, value)  # type: ignore[attr-defined]
+    line = refused_in_process([*TINY, f"--output_dir={tmp_path / 'out'}"], capsys)
+    assert line.startswith(needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_describes_every_flag_with_its_choices_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = exits_in_process(["--help"], capsys, 0)
+    blocks: dict[str, str] = {}
+    for chunk in out.split("\n  --")[1:]:
+        name, _, rest = chunk.partition("=")
+        blocks[name] = rest.split("\n\n")[0]
+    accepted = flag_names() | {"config_path"}
+    leaves = {n for n in accepted if not any(other.startswith(n + ".") for other in accepted)}
+    assert set(blocks) == leaves  # every flag the parser takes, and only those
+    for name, block in blocks.items():
+        text = " ".join(block.partition("\n")[2].split())
+        assert len(text.split()) >= 4 and "Default: " in text, name
+    choices = {
+        "policy.type": ("act", "act_tied", "mlp"),
+        "checkpoint_format": CHECKPOINT_FORMATS,
+        "accelerator.mixed_precision": MIXED_PRECISION_CHOICES,
+        "accelerator.fsdp.mixed_precision_policy.param_dtype": POLICY_DTYPES,
+        "scheduler.type": ("cosine", "constant"),
+        "resume": ("true", "false"),
+    }
+    for name, values in choices.items():
+        assert blocks[name].startswith("{" + ",".join(values) + "}"), name
+    assert "Default: 50, rounded up to a multiple of --accelerator.gradient_accumulation.steps." in " ".join(
+        blocks["save_freq"].split()
+    )
+    assert "--policy.dim_model=INT [act, act_tied]" in out  # a field of some policy types only says which
+
+
+def test_a_size_rule_that_wraps_no_submodule_warns() -> None:
+    """`--accelerator.fsdp.min_num_params=1000000` on a model whose submodules are all smaller: only the root."""
+    policy = make_policy(ACTConfig(state_dim=14, action_dim=7, dim_model=32, dim_feedforward=64, n_heads=2))
+    largest = max(sum(p.numel() for p in m.parameters()) for name, m in policy.named_modules() if name)
+    fsdp = FSDPConfig(min_num_params=1_000_000)
+    units, _ = select_wrap_units(policy, type(policy), fsdp)
+    assert units == []
+    assert root_only_warning(policy, fsdp, units) == (
+        f"--accelerator.fsdp.min_num_params=1000000 wraps no submodule (the largest holds {largest:,} parameters):"
+        " the root is the only FSDP unit, gathered whole in every forward and backward, so sharding saves no"
+        f" memory; pass a value of at most {largest}, or --accelerator.fsdp.wrap_modules"
+    )
+    named = FSDPConfig(min_num_params=largest)  # the bound the warning names wraps a unit
+    units, _ = select_wrap_units(policy, type(policy), named)
+    assert units and root_only_warning(policy, named, units) is None
 
 
 def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> None:
@@ -343,6 +422,18 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FSDP over 2 shards" in proc.stdout
     assert (tmp_path / "acc/checkpoints/000002/training_state/optimizer_0/.metadata").exists()
+
+
+@pytest.mark.torchrun
+def test_accelerate_launch_without_multi_gpu_is_one_line(tmp_path: Path) -> None:
+    """LeRobot's `accelerate launch --num_processes=2 $(which lerobot-train) ...` as typed, on a machine without GPUs."""
+    cmd = [script("accelerate"), "launch", "--num_processes=2", script("ckpt-train"), *TINY, f"--output_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "add --multi_gpu" in ours[0], proc.stderr[-3000:]
+    assert "RANK expected" not in proc.stderr  # torch's traceback; accelerate's own report of the exit follows
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,10 @@ belongs to (the directory holding its ``checkpoints/``: a copy of a run is its o
   ``last`` moved back to S and beyond - so the trainer refuses to start, naming them, unless
   ``--overwrite_checkpoints=true`` says to replace them.
 
+A resume of a run that already reached ``--steps`` (the resumed step is at or past it, and the
+output dir holds that step's checkpoint) has nothing to do: it says so in one line and writes
+nothing (:func:`nothing_to_do`). Into another output dir it writes that final checkpoint there.
+
 One case is not refused: ``last`` still points at S and exactly one complete step dir follows
 it. That is what a save killed between renaming its directory into place and moving ``last``
 leaves, and a restart resumes from ``last``: it goes on (as it always did, re-saving that
@@ -66,6 +70,28 @@ def check_output(step: StepPaths, record_step: int, output_dir: Path, *, overwri
             f" {OVERWRITE_FLAG}=true to replace them"
         )
     return OutputCheck(notices=tuple(notices))
+
+
+def saved_step_dir(output_dir: Path, step: int) -> Path | None:
+    """The complete checkpoint of ``step`` in ``output_dir`` (None: there is none)."""
+    return next((p for p in layout.list_step_dirs(output_dir / layout.CHECKPOINTS_DIR) if int(p.name) == step), None)
+
+
+def nothing_to_do(output_dir: Path, record_step: int, steps: int) -> str | None:
+    """The line a resume of step ``record_step`` ends with when the run already reached ``--steps``.
+
+    None: there is work - steps left, or an output dir without that checkpoint (the resume then
+    saves it there: a resume into a new dir, to change the format or the layout, say).
+    """
+    if record_step < steps:
+        return None
+    saved = saved_step_dir(output_dir, record_step)
+    if saved is None:
+        return None
+    return (
+        f"nothing to do: the run is at step {record_step} and --steps={steps} ({saved} holds it);"
+        f" pass --steps above {record_step} to train further"
+    )
 
 
 def newer_checkpoints(output_dir: Path, step: int) -> list[Path]:

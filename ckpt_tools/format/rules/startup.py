@@ -23,6 +23,9 @@ SCHEDULER_TYPES = ("cosine", "constant")
 PEFT_METHODS = ("LORA",)
 CHECKPOINT_FORMATS = tuple(f.value for f in CheckpointFormat)
 FLOAT32_MAX = 3.4028234663852886e38  # torch turns AdamW's step size and decay factor into float32 scalars
+# --save_freq when not given, in loop steps (what --steps counts, as in LeRobot); rounded up to
+# a whole number of accumulation windows by :func:`default_save_freq`.
+DEFAULT_SAVE_FREQ = 50
 
 # The trainer's flag for each setting a fix names.
 FLAGS = {
@@ -211,9 +214,39 @@ def _counts(s: RunSettings) -> list[str]:
     elif accum is not None and s.save_freq is not None and s.save_freq > 0 and s.save_freq % accum:
         out.append(
             f"--save_freq={s.save_freq}: must be a multiple of --accelerator.gradient_accumulation.steps={accum}"
-            " (a checkpoint must not fall inside an accumulation window)"
+            f" (a checkpoint must not fall inside an accumulation window); pass --save_freq={_round_up(s.save_freq, accum)}"
         )
     return out
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def default_save_freq(grad_accum_steps: int | None) -> int:
+    """``--save_freq`` when the flag is not given: :data:`DEFAULT_SAVE_FREQ` loop steps, rounded up
+    to a multiple of the accumulation steps.
+
+    ``--save_freq`` counts loop steps, as ``--steps`` does (LeRobot counts both that way), and a
+    checkpoint must not fall inside an accumulation window, so an explicit value that is not a
+    multiple is refused. A default cannot be the user's mistake, so it is rounded instead: with
+    ``--accelerator.gradient_accumulation.steps=4`` a run saves every 52 steps (13 updates).
+    """
+    accum = grad_accum_steps if grad_accum_steps is not None and grad_accum_steps > 0 else 1
+    return _round_up(DEFAULT_SAVE_FREQ, accum)
+
+
+def default_save_freq_note(grad_accum_steps: int) -> str | None:
+    """What the start-up says about the default ``--save_freq`` (None: nothing, no accumulation)."""
+    if grad_accum_steps <= 1:
+        return None
+    chosen = default_save_freq(grad_accum_steps)
+    how = "a multiple of" if chosen == DEFAULT_SAVE_FREQ else f"{DEFAULT_SAVE_FREQ} rounded up to a multiple of"
+    return (
+        f"--save_freq not given: a checkpoint every {chosen} loop steps ({how}"
+        f" --accelerator.gradient_accumulation.steps={grad_accum_steps}: every {chosen // grad_accum_steps}"
+        " optimizer updates)"
+    )
 
 
 def _choices(s: RunSettings) -> list[str]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ckpt_tools.train.env_guard import env_rank
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -38,11 +40,6 @@ class DistEnv:
         if self.local_world_size and self.world_size % self.local_world_size == 0:
             return self.world_size // self.local_world_size
         return None
-
-
-def env_rank() -> int:
-    """The launcher's rank before any process group exists (0 for a plain run)."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def init_distributed(timeout_s: float = 600.0) -> DistEnv:

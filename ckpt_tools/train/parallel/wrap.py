@@ -40,6 +40,7 @@ class ParallelModel:
     wrap_classes: list[str] = field(default_factory=list)
     ignored_params: list[nn.Parameter] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # one line each, printed after the banner
 
     @property
     def sharded(self) -> bool:
@@ -76,6 +77,25 @@ def select_wrap_units(
         raise ConfigError(f"{flag}={list(names)}: no such module class in the model (classes: {', '.join(present)})")
     units.sort(key=lambda item: item[0].count("."), reverse=True)
     return units, ", ".join(names)
+
+
+def root_only_warning(model: nn.Module, fsdp: FSDPConfig, units: list[tuple[str, nn.Module]]) -> str | None:
+    """The warning for a ``--accelerator.fsdp.min_num_params`` that no submodule reaches.
+
+    Then the root is the only FSDP unit: every forward and backward gathers the whole model on
+    every rank, which gives up what sharding saves. Not refused - it trains correctly, and a
+    flag that fits a large model may be reused on a small one - but said, with the bound that
+    would wrap at least one submodule.
+    """
+    if units or fsdp.min_num_params is None:
+        return None
+    largest = max((sum(p.numel() for p in m.parameters()) for path, m in model.named_modules() if path), default=0)
+    return (
+        f"--accelerator.fsdp.min_num_params={fsdp.min_num_params} wraps no submodule (the largest holds"
+        f" {largest:,} parameters): the root is the only FSDP unit, gathered whole in every forward and"
+        f" backward, so sharding saves no memory; pass a value of at most {largest}, or"
+        " --accelerator.fsdp.wrap_modules"
+    )
 
 
 def _units_by_size(model: nn.Module, min_params: int) -> list[tuple[str, nn.Module]]:
@@ -206,6 +226,7 @@ def _shard(
     fully_shard(model, reshard_after_forward=None if fsdp.reshard_after_forward else False, **kwargs)
     if ignored_paths:
         notes.append(f"unsharded (ignored_modules): {', '.join(ignored_paths)}")
+    root_only = root_only_warning(model, fsdp, units)
     return ParallelModel(
         module=model,
         inner=model,
@@ -217,6 +238,7 @@ def _shard(
         wrap_classes=[rule],
         ignored_params=ignored,
         notes=notes,
+        warnings=[root_only] if root_only else [],
     )
 
 

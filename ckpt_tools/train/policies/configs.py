@@ -21,8 +21,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
     private: bool = False
     state_dim: int | None = None
     action_dim: int | None = None
-    chunk_size: int = 10
     # Output chunk loss weights are uniform; padded steps past an episode end are masked.
+    chunk_size: int = 10
     dropout: float = 0.1
 
     @property

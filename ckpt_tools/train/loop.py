@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,14 @@ def log(env: DistEnv, message: str) -> None:
 
 
 def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR over loop steps: warmup then cosine to ``min_lr_ratio`` (or constant)."""
+    """LambdaLR over loop steps: warmup then cosine to ``min_lr_ratio`` (or constant).
+
+    The schedule advances once per loop step, as LeRobot's does; under gradient accumulation
+    (or after a skipped update) that is before the first optimizer update by design, which torch
+    would warn about once per rank ("Detected call of `lr_scheduler.step()` before
+    `optimizer.step()`") - silenced, as it describes the intended schedule.
+    """
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before", category=UserWarning)
     warmup, total, floor = cfg.scheduler.warmup_steps, cfg.steps, cfg.scheduler.min_lr_ratio
     kind = cfg.scheduler.type
 

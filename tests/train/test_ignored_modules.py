@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_ignored
 from ckpt_tools.train.config import PeftConfig
 from ckpt_tools.train.parallel.peft_support import apply_lora
-from ckpt_tools.train.parallel.wrap import ignored_parameters
+from ckpt_tools.train.parallel.wrap import ignored_parameters, run_in_own_dtype
 from ckpt_tools.train.policies import ACTConfig, make_policy
 
 
@@ -34,3 +35,18 @@ def test_reshard_plan_keeps_the_same_parameters_whole(peft_model: object) -> Non
     regex = ignored_regex(pattern)
     for name, param in peft_model.named_parameters():  # type: ignore[attr-defined]
         assert parameter_is_ignored(name, regex) == (id(param) in kept), name
+
+
+def test_an_ignored_module_computes_in_its_own_dtype_between_mixed_precision_layers() -> None:
+    """FSDP casts what it manages to bf16, not an ignored module: that one runs in float32, transparently."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4).bfloat16(), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).bfloat16()
+    )
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="dtype"):
+        model(x)
+    assert run_in_own_dtype(model, ["1"]) == ["1"]
+    out = model(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert model[1].weight.grad is not None and model[1].weight.grad.dtype == torch.float32

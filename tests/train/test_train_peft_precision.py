@@ -316,6 +316,7 @@ def test_ignored_modules_match_peft_module_names(base_policy: Path, tmp_path: Pa
         "--save_freq=2",
         "--parallelism.dp_shard=2",
     ]
-    proc = ok(train(*common, "--accelerator.fsdp.ignored_modules=.*action_head", f"--output_dir={out}", nproc=2))
-    assert "unsharded (ignored_modules): base_model.model.action_head" in proc.stdout
+    ignored = ["--accelerator.fsdp.ignored_modules=.*action_head", "--accelerator.mixed_precision=bf16"]
+    proc = ok(train(*common, *ignored, f"--output_dir={out}", nproc=2))  # bf16: the ignored head gets bf16 input
+    assert "unsharded (ignored_modules): base_model.model.action_head (computed in float32" in proc.stdout
     # A pattern that matches no whole path is refused: tests/train/test_ignored_modules.py, in-process.

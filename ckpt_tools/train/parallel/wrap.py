@@ -161,6 +161,57 @@ def ignored_parameters(model: nn.Module, pattern: str | None) -> tuple[list[nn.P
     return list(params.values()), matched
 
 
+def run_in_own_dtype(model: nn.Module, paths: list[str]) -> list[str]:
+    """Make each ignored module (the outermost of ``paths``) compute in its parameters' dtype.
+
+    FSDP's MixedPrecisionPolicy casts the parameters it manages, not those of ignored modules:
+    those stay float32 while the activations reaching them are in ``param_dtype``, and the
+    first matmul fails (``mat1 and mat2 must have the same dtype``). So an ignored module runs
+    as a float32 island: floating inputs are cast to its parameters' dtype, its outputs back to
+    the dtype the inputs came in, which leaves the modules around it as they were. Returns the
+    paths hooked.
+    """
+    outermost = [p for p in paths if not any(p.startswith(q + ".") for q in paths if q != p)]
+    hooked = []
+    for path in outermost:
+        module = model.get_submodule(path)
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        if dtype is None:
+            continue
+        incoming: list[torch.dtype | None] = []
+
+        def before(_m: nn.Module, args: Any, kwargs: Any, dtype: torch.dtype = dtype, seen: list = incoming) -> Any:
+            seen.append(_first_float_dtype((args, kwargs)))
+            return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+        def after(_m: nn.Module, _args: Any, _kwargs: Any, output: Any, seen: list = incoming) -> Any:
+            back = seen.pop()
+            return output if back is None else _cast_floats(output, back)
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        module.register_forward_hook(after, with_kwargs=True)
+        hooked.append(path)
+    return hooked
+
+
+def _first_float_dtype(value: Any) -> torch.dtype | None:
+    if isinstance(value, torch.Tensor):
+        return value.dtype if value.is_floating_point() else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((d for d in (_first_float_dtype(v) for v in items) if d is not None), None)
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        cast = [_cast_floats(v, dtype) for v in value]
+        return type(value)(cast) if not hasattr(value, "_fields") else type(value)(*cast)
+    return value
+
+
 def build_mesh(env: DistEnv, dp_replicate: int, dp_shard: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -225,7 +276,9 @@ def _shard(
         fully_shard(unit, reshard_after_forward=fsdp.reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=None if fsdp.reshard_after_forward else False, **kwargs)
     if ignored_paths:
-        notes.append(f"unsharded (ignored_modules): {', '.join(ignored_paths)}")
+        islands = run_in_own_dtype(model, ignored_paths) if precision.uses_fsdp_policy else []
+        in_fp32 = " (computed in float32, outside the mixed precision policy)" if islands else ""
+        notes.append(f"unsharded (ignored_modules): {', '.join(ignored_paths)}{in_fp32}")
     root_only = root_only_warning(model, fsdp, units)
     return ParallelModel(
         module=model,

@@ -170,11 +170,12 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
 
 def parse_train_args(argv: list[str]) -> ParsedArgs:
     """The command line as :class:`ParsedArgs`; a bad flag raises :class:`ConfigError` naming it."""
-    cfg, resume_from = _parse(argv)
-    return ParsedArgs(cfg, resume_from, tuple(cfg.fill_defaults()))
+    notes: list[str] = []
+    cfg, resume_from = _parse(argv, notes)
+    return ParsedArgs(cfg, resume_from, tuple(notes + cfg.fill_defaults()))
 
 
-def _parse(argv: list[str]) -> tuple[TrainConfig, Path | None]:
+def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]:
     args = list(argv)
     _check_names(args)
     config_path = _pop(args, "config_path")
@@ -200,6 +201,10 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, Path | None]:
     policy_path = _pop(args, "policy.path")
     if policy_path is not None:
         base = _with_pretrained_policy(base or {}, policy_path, _peek(args, "policy.type"))
+        published = base["policy"].pop("repo_id", None)
+        base["policy"].pop("private", None)
+        if published and _peek(args, "policy.repo_id") is None:
+            notes.append(_not_republished(policy_path, published))
         args = [a for a in args if not a.startswith("--policy.type")]
     cfg = _draccus_parse(args, base)
     cfg.record_absolute_paths()
@@ -220,6 +225,19 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
         )
     saved["path"] = str(directory) if Path(policy_path).exists() else policy_path
     return {**base, "policy": saved}
+
+
+def _not_republished(policy_path: str, repo_id: str) -> str:
+    """Why the saved policy's ``repo_id`` is dropped: publishing is this run's own choice.
+
+    A saved policy records the repo it was published to. Carried over, a fine-tune or a LoRA
+    run on it would push its own result over that repo at the end - replacing the base policy
+    others download - without the user having asked to publish at all.
+    """
+    return (
+        f"--policy.path={policy_path} was published to {repo_id}: this run does not publish there"
+        " (pass --policy.repo_id to publish it)"
+    )
 
 
 def _read_config(path: Path) -> dict[str, Any]:

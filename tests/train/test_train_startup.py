@@ -233,6 +233,27 @@ def test_a_size_rule_that_wraps_no_submodule_warns() -> None:
     assert units and root_only_warning(policy, named, units) is None
 
 
+def test_a_saved_policy_is_not_republished_to_its_repo(tmp_path: Path) -> None:
+    """A fine-tune or LoRA run on a published policy: its repo_id is not carried over (the run would push over it)."""
+    policy = tmp_path / "base" / "pretrained_model"
+    policy.mkdir(parents=True)
+    (policy / "config.json").write_text(
+        json.dumps({"type": "act", "dim_model": 32, "n_heads": 2, "repo_id": "alice/base", "private": True})
+    )
+    flags = [a for a in TINY if not a.startswith("--policy.")]
+    parsed = parse_train_args([*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"])
+    assert parsed.cfg.policy is not None and parsed.cfg.policy.repo_id is None and not parsed.cfg.policy.private
+    assert parsed.cfg.policy.dim_model == 32  # the rest of the saved config is
+    assert parsed.notes == (
+        f"--policy.path={policy} was published to alice/base: this run does not publish there"
+        " (pass --policy.repo_id to publish it)",
+    )
+    own = parse_train_args(
+        [*flags, f"--policy.path={policy}", "--policy.repo_id=alice/tuned", f"--output_dir={tmp_path}"]
+    )
+    assert own.cfg.policy is not None and own.cfg.policy.repo_id == "alice/tuned" and own.notes == ()
+
+
 def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> None:
     """Every setting the start-up rules look at reaches them from the flags, through the saved form."""
     flags = [

@@ -206,13 +206,16 @@ class TrainConfig:
         from ckpt_tools.train.policies.size import check_sizes
 
         check_sizes(self.policy)  # a policy that cannot be built; whether it fits is known once the dataset is
-        if self.policy.repo_id is not None:
-            from ckpt_tools.hub import check_repo_id
+        from ckpt_tools.hub import check_repo_id
 
-            try:
-                check_repo_id(self.policy.repo_id, flag="--policy.repo_id")
-            except UsageError as e:
-                raise ConfigError(str(e)) from None
+        # Hub ids are checked here, before any process group: `${HF_USER}/my_dataset` with
+        # HF_USER unset is `/my_dataset`, which huggingface_hub would reject with a traceback.
+        for flag, repo_id in (("--dataset.repo_id", self.dataset.repo_id), ("--policy.repo_id", self.policy.repo_id)):
+            if repo_id is not None:
+                try:
+                    check_repo_id(repo_id, flag=flag)
+                except UsageError as e:
+                    raise ConfigError(str(e)) from None
 
     def validate_for_world(self, world_size: int) -> tuple[int, int]:
         """(dp_replicate, dp_shard) for a launch of ``world_size`` processes, or the first refusal."""

@@ -77,6 +77,8 @@ def no_engine_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         (["--optimizer.betas=[0.9,nan]"], "--optimizer.betas=[0.9, nan]: every value must be a finite number"),
         (["--optimizer.lr=1e39"], "--optimizer.lr=1e+39: too large: AdamW's first step size"),
         (["--max_nonfinite_steps=-1"], "--max_nonfinite_steps=-1: must be ≥ 0"),
+        # `--dataset.repo_id=${HF_USER}/my_dataset` with HF_USER unset
+        (["--dataset.repo_id=/my_dataset"], "--dataset.repo_id: '/my_dataset' is not a Hub repo id"),
     ],
 )
 def test_bad_flags_are_refused_with_one_line(

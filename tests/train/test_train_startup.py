@@ -449,7 +449,7 @@ def test_accelerate_launch_as_a_plain_launcher(tmp_path: Path) -> None:
 
 @pytest.mark.torchrun
 def test_accelerate_launch_without_multi_gpu_is_one_line(tmp_path: Path) -> None:
-    """LeRobot's `accelerate launch --num_processes=2 $(which lerobot-train) ...` as typed, on a machine without GPUs."""
+    """LeRobot's `accelerate launch --num_processes=2 $(which lerobot-train) ...` (with ckpt-train), on a machine without GPUs."""
     cmd = [script("accelerate"), "launch", "--num_processes=2", script("ckpt-train"), *TINY, f"--output_dir={tmp_path}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0

@@ -23,8 +23,8 @@ from ckpt_tools.errors import CkptError, ConfigError, ExitCode, PeerLost, WriteE
 from ckpt_tools.train.env_guard import env_rank
 
 PEER_LOST_GRACE_S = 3.0
-# What the `training` extra brings that every launch imports (accelerate and peft are imported
-# only by the launcher and by PEFT runs, which name them when missing).
+# What the `training` extra brings that every launch imports; a PEFT run also needs peft (the
+# extra's accelerate is only ever imported by `accelerate launch` itself).
 TRAINING_MODULES = ("torch", "draccus")
 HELP_FLAGS = ("--help", "-h")
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     is_main = env_rank() == 0
     try:
-        _require_training_extra()
+        _require_training_extra(TRAINING_MODULES)
         if any(arg in HELP_FLAGS for arg in args):
             from ckpt_tools.train.help import render_help
 
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         acknowledged = check_accelerate_env(os.environ)
         parsed = parse_train_args(args)
         cfg, resume_from = parsed.cfg, parsed.resume_from
+        if cfg.peft is not None:
+            _require_training_extra(("peft",))
         step = None
         if resume_from is not None:
             from ckpt_tools.train.checkpoint.load import preflight_resume
@@ -75,9 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     _run(cfg, resume_from)
 
 
-def _require_training_extra() -> None:
-    """Refuse in one line, naming the extra, when what every launch imports is not installed."""
-    for name in TRAINING_MODULES:
+def _require_training_extra(modules: tuple[str, ...]) -> None:
+    """Refuse in one line, naming the extra, when a module it brings cannot be imported."""
+    for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as e:

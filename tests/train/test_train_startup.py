@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,14 @@ def test_a_launch_that_gave_no_rank_names_the_fix(
     line = refused_in_process([*TINY, f"--output_dir={tmp_path / 'out'}"], capsys)
     assert line.startswith(needle)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_peft_run_without_peft_installed_says_what_to_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_engine_env: pytest.MonkeyPatch
+) -> None:
+    no_engine_env.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError, as when not installed
+    line = refused_in_process([*TINY, "--peft.r=4", f"--output_dir={tmp_path / 'out'}"], capsys)
+    assert line.startswith("error: ckpt-train needs the `training` extra: peft cannot be imported")
 
 
 def test_help_describes_every_flag_with_its_choices_and_default(capsys: pytest.CaptureFixture[str]) -> None:

@@ -48,6 +48,10 @@ OPTIMIZER_DCP_KEY = "optimizer"
 OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
 OPTIMIZER_STATE = "optimizer_state.safetensors"
 FLAT_OPTIMIZER_PREFIX = "state."  # OPTIMIZER_STATE keys: state.<parameter name>.<slot>
+# LeRobot's OPTIMIZER_STATE keys: state/<position or parameter name>/<slot> (flatten_dict, sep "/";
+# ckpt_tools.format.lerobot says which LeRobot writes which).
+LEROBOT_OPTIMIZER_SEP = "/"
+LEROBOT_OPTIMIZER_PREFIX = "state" + LEROBOT_OPTIMIZER_SEP
 RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
@@ -100,12 +104,22 @@ def flat_optimizer_key(param: str, slot: str) -> str:
     return f"{FLAT_OPTIMIZER_PREFIX}{param}.{slot}"
 
 
+def is_lerobot_optimizer_key(key: str) -> bool:
+    """A key in LeRobot's flat optimizer format, ``state/<position or name>/<slot>``."""
+    return key.startswith(LEROBOT_OPTIMIZER_PREFIX) and key.count(LEROBOT_OPTIMIZER_SEP) == 2
+
+
 def split_flat_optimizer_key(key: str) -> tuple[str, str]:
     """``state.<param>.<slot>`` → (param, slot): the slot is the last dotted part (parameter names hold dots).
 
-    A key without the prefix splits the same way; its parameter then matches none the param
-    groups list, which is how the loader (and ``verify-resume``) tell it apart.
+    LeRobot's ``state/<position or name>/<slot>`` splits at its slashes (names never hold one):
+    (``"12"``, slot) for state keyed by position. A key without either prefix splits at its last
+    dot; its parameter then matches none the param groups list, which is how the loader (and
+    ``verify-resume``) tell it apart.
     """
+    if is_lerobot_optimizer_key(key):
+        _, owner, slot = key.split(LEROBOT_OPTIMIZER_SEP)
+        return owner, slot
     param, _, slot = key.removeprefix(FLAT_OPTIMIZER_PREFIX).rpartition(".")
     return param, slot
 

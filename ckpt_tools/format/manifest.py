@@ -40,12 +40,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
+from ckpt_tools.format import lerobot
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import looks_like_adapter
-from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
 from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.format.train_config import SavedConfig
+from ckpt_tools.io.safe_read import read_json_file
 
 PM, TS = L.PRETRAINED_MODEL_DIR, L.TRAINING_STATE_DIR
 CHOSEN = "chosen"  # Part.read of a container: read when the loader picks it (:func:`choose`)
@@ -63,9 +66,10 @@ class Variant:
     peft: bool = False
     fp16: bool = False  # mixed precision fp16: the run has a loss scaler
     legacy: bool = False  # the 0.6.x layout: gathered weights, nothing resumable
+    has_scheduler: bool = True  # LeRobot saves scheduler_state.json only for a run with a scheduler
 
     @classmethod
-    def of(cls, record: TrainingStep, peft: bool) -> Variant:
+    def of(cls, record: TrainingStep, peft: bool, *, has_scheduler: bool = True) -> Variant:
         """The variant ``record`` describes (``peft`` from :func:`is_peft`). Unknown formats read as safetensors."""
         sharded = (
             record.sharded if record.sharded is not None else bool(record.topology and record.topology.layout.sharded)
@@ -75,7 +79,12 @@ class Variant:
         except ValueError:
             fmt = CheckpointFormat.SAFETENSORS
         fp16 = (record.mixed_precision or "").lower() == "fp16"
-        return cls(fmt, sharded, peft, fp16, record.is_legacy)
+        return cls(fmt, sharded, peft, fp16, record.is_legacy, has_scheduler)
+
+    @classmethod
+    def at(cls, paths: StepPaths, record: TrainingStep, peft: bool) -> Variant:
+        """The variant of the checkpoint at ``paths``: for a LeRobot record, its config says whether a scheduler ran."""
+        return cls.of(record, peft, has_scheduler=not record.schema.lerobot or lerobot_scheduler(paths) is not False)
 
     @property
     def always(self) -> bool:
@@ -120,6 +129,10 @@ class Variant:
         return not self.legacy
 
     @property
+    def scheduler(self) -> bool:
+        return self.resumable and self.has_scheduler
+
+    @property
     def scaler(self) -> bool:
         return not self.legacy and self.fp16
 
@@ -130,11 +143,35 @@ class Resume:
 
     same_world: bool = False  # the RNG state is per rank: restored only onto the same world size, else reseeded
     fp16: bool = False  # only an fp16 run has a loss scaler to restore
+    lerobot: bool = False  # LeRobot's resume: one saved RNG state, loaded by every rank whatever the world size
+    has_scheduler: bool = True  # LeRobot's resume reads scheduler_state.json only for a run with a scheduler
 
     @classmethod
-    def of(cls, record: TrainingStep, world_size: int, mixed_precision: str | None) -> Resume:
+    def of(
+        cls, record: TrainingStep, world_size: int, mixed_precision: str | None, *, has_scheduler: bool = True
+    ) -> Resume:
         saved_world = record.topology.world_size if record.topology is not None else None
-        return cls(same_world=saved_world == world_size, fp16=(mixed_precision or "").lower() == "fp16")
+        lerobot_run = record.schema.lerobot
+        return cls(
+            same_world=saved_world == world_size,
+            fp16=not lerobot_run and (mixed_precision or "").lower() == "fp16",
+            lerobot=lerobot_run,
+            has_scheduler=has_scheduler,
+        )
+
+    @classmethod
+    def at(cls, paths: StepPaths, record: TrainingStep, world_size: int, mixed_precision: str | None) -> Resume:
+        """As :meth:`of`, for the checkpoint at ``paths`` (a LeRobot run's config says whether a scheduler ran)."""
+        scheduler = not record.schema.lerobot or lerobot_scheduler(paths) is not False
+        return cls.of(record, world_size, mixed_precision, has_scheduler=scheduler)
+
+    @property
+    def rng(self) -> bool:
+        return self.same_world or self.lerobot
+
+    @property
+    def scheduler(self) -> bool:
+        return self.has_scheduler
 
     @property
     def always(self) -> bool:
@@ -253,7 +290,7 @@ FLAT_OPTIMIZER = Part(
     "flat_optimizer",
     read=CHOSEN,
 )
-RNG_STATE = Part("rng_state", (f"{TS}/{L.RNG_STATE}",), "RNG state", "always", read="same_world")
+RNG_STATE = Part("rng_state", (f"{TS}/{L.RNG_STATE}",), "RNG state", "always", read="rng")
 POLICY_CONFIG = Part("policy_config", (f"{PM}/{L.POLICY_CONFIG}",), "policy config", "always")
 TRAIN_CONFIG = Part("train_config", (f"{PM}/{L.TRAIN_CONFIG}",), "training config", "always", read="always")
 ADAPTER_CONFIG = Part("adapter_config", (f"{PM}/{L.ADAPTER_CONFIG}",), "PEFT adapter config", "peft")
@@ -266,7 +303,7 @@ PROCESSORS = Part(
     written="always",
 )
 SCHEDULER_STATE = Part(
-    "scheduler_state", (f"{TS}/{L.SCHEDULER_STATE}",), "LR scheduler state", "resumable", read="always"
+    "scheduler_state", (f"{TS}/{L.SCHEDULER_STATE}",), "LR scheduler state", "scheduler", read="scheduler"
 )
 SCALER_STATE = Part("scaler_state", (f"{TS}/{L.SCALER_STATE}",), "loss scaler state (fp16)", "scaler", read="fp16")
 TRAINING_STEP = Part("training_step", (f"{TS}/{L.TRAINING_STEP}",), "topology record", "always", read="always")
@@ -357,6 +394,72 @@ def no_optimizer_reason(step: StepPaths, sharded: bool) -> str:
 def resume_reads(resume: Resume) -> tuple[Part, ...]:
     """The state parts a resume reads whole, besides the weights and optimizer containers it chooses."""
     return tuple(p for p in PARTS if p.read != CHOSEN and getattr(resume, p.read))
+
+
+# ====================================================================== the record, completed by the files
+
+
+def read_record(paths: StepPaths) -> TrainingStep:
+    """``training_step.json`` of ``paths``, with what the files tell where the record does not.
+
+    Raises :class:`~ckpt_tools.errors.CheckpointError` (one line) when the record is unusable.
+    """
+    return complete_record(paths, read_training_step(paths.training_step))
+
+
+def complete_record(paths: StepPaths, record: TrainingStep) -> TrainingStep:
+    """Fill in, from the files, what a LeRobot record leaves out (each named in ``record.derived``).
+
+    - a 0.6.x record's topology: ``num_processes`` processes, sharded (FSDP) when the flat
+      optimizer state is keyed by parameter name - what LeRobot 0.6.x's FSDP save wrote - and
+      replicated (DDP, or one process) when it is keyed by position
+      (:func:`ckpt_tools.format.lerobot.keyed_by_name`);
+    - a LeRobot record's checkpoint format: ``dcp`` when ``pytorch_model_fsdp_0/`` holds the
+      weights alone, ``safetensors_dcp`` when ``model.safetensors`` is there too, else
+      ``safetensors``.
+
+    A ``ckpt-train`` record says all of this itself and is returned as it is.
+    """
+    if not record.schema.lerobot:
+        return record
+    changes: dict[str, object] = {}
+    derived = list(record.derived)
+    if record.topology is None and record.legacy_num_processes:
+        by_name = _flat_optimizer_by_name(paths)
+        if by_name is not None:
+            n = record.legacy_num_processes
+            changes["topology"] = Topology(n, 1, n) if by_name else Topology(n, n, 1)
+            changes["sharded"] = by_name
+            derived += ["topology", "sharded"]
+    if record.checkpoint_format is None:
+        has_dcp = (paths.model_dcp / L.DCP_METADATA).exists()
+        if has_dcp and (paths.model_weights.exists() or (paths.pretrained_model / L.MODEL_WEIGHTS_INDEX).exists()):
+            fmt = CheckpointFormat.SAFETENSORS_DCP
+        else:
+            fmt = CheckpointFormat.DCP if has_dcp else CheckpointFormat.SAFETENSORS
+        changes["checkpoint_format"] = fmt.value
+        derived.append("checkpoint_format")
+    return record.completed(derived=tuple(derived), **changes)
+
+
+def _flat_optimizer_by_name(paths: StepPaths) -> bool | None:
+    """Whether the flat optimizer state is keyed by parameter name (LeRobot 0.6.x FSDP); None: cannot tell."""
+    from ckpt_tools.st.header import read_header
+
+    try:
+        header = read_header(paths.optimizer_state)
+    except CkptError:
+        return None
+    return lerobot.keyed_by_name(list(header.entries))
+
+
+def lerobot_scheduler(paths: StepPaths) -> bool | None:
+    """Whether a LeRobot run saved an LR scheduler state, as its ``train_config.json`` says (None: it does not say)."""
+    try:
+        config = read_json_file(paths.train_config, want_object=True)
+    except CkptError:
+        return None
+    return lerobot.saves_scheduler(config)
 
 
 # ====================================================================== is this PEFT

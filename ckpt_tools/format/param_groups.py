@@ -5,6 +5,12 @@ The flat ``optimizer_state.safetensors`` keys its tensors by parameter name
 groups (their hyperparameters and the parameter names each holds) and the non-tensor slots.
 The trainer writes and loads it; ``verify-resume`` checks it. Both read it through
 :func:`read_param_groups`, so a damaged file is the same one line for both.
+
+LeRobot writes the same file name in its own form (``optim/optimizers.py``
+``_save_single_optimizer_state``, 0.6.1 and main): the bare list of torch's param groups, whose
+``"params"`` are positions in the optimizer (names for a LeRobot 0.6.x FSDP run), and no
+scalars; ``lerobot_form=True`` reads it, with the positions as strings (``"0"``), the way
+:func:`ckpt_tools.format.layout.split_flat_optimizer_key` splits LeRobot's keys.
 """
 
 from __future__ import annotations
@@ -36,8 +42,13 @@ def param_groups_document(groups: list[dict[str, Any]], scalars: dict[str, Any])
     return {GROUPS_KEY: groups, SCALARS_KEY: scalars}
 
 
-def read_param_groups(path: str | os.PathLike[str]) -> ParamGroups:
-    """The file at ``path``, or :class:`CheckpointError`: one line naming it (missing, unreadable, malformed)."""
+def read_param_groups(path: str | os.PathLike[str], *, lerobot_form: bool = False) -> ParamGroups:
+    """The file at ``path``, or :class:`CheckpointError`: one line naming it (missing, unreadable, malformed).
+
+    ``lerobot_form``: the file is LeRobot's (a bare list of groups, parameters by position).
+    """
+    if lerobot_form:
+        return _read_lerobot(path)
     data = read_json_file(path, want_object=True)
     groups, scalars = data.get(GROUPS_KEY), data.get(SCALARS_KEY, {})
     if not isinstance(groups, list) or not all(_is_group(g) for g in groups):
@@ -52,3 +63,20 @@ def read_param_groups(path: str | os.PathLike[str]) -> ParamGroups:
 def _is_group(group: object) -> bool:
     params = group.get("params") if isinstance(group, dict) else None
     return isinstance(params, list) and all(isinstance(name, str) for name in params)
+
+
+def _read_lerobot(path: str | os.PathLike[str]) -> ParamGroups:
+    data = read_json_file(path)
+    if not isinstance(data, list) or not all(_is_lerobot_group(g) for g in data):
+        raise CheckpointError(
+            f"{path}: not LeRobot's param-groups file (expected a list of groups, each with 'params' positions or names)"
+        )
+    groups = [{**g, "params": [str(p) for p in g["params"]]} for g in data]
+    return ParamGroups(groups, {})
+
+
+def _is_lerobot_group(group: object) -> bool:
+    params = group.get("params") if isinstance(group, dict) else None
+    return isinstance(params, list) and all(
+        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool) and p >= 0) for p in params
+    )

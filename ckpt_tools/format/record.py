@@ -3,8 +3,19 @@
 The record says where a run was (step, samples seen, sampler position) and on what it ran
 (world size, ``dp_replicate × dp_shard``, precision, checkpoint format), so that a resume -
 or a tool deciding whether a resume can work - never has to guess. It carries a schema
-version; older or foreign records (the 0.6.x ``num_processes`` key, missing fields) still
-parse, and :attr:`TrainingStep.unknown` lists what they could not tell.
+version; older or foreign records still parse, and :attr:`TrainingStep.unknown` lists what
+they could not tell. Three schemas are read (:class:`RecordSchema`):
+
+- ``ckpt-train``'s own (``schema_version``, ``topology``, ``samples_seen``, ...);
+- LeRobot main's (``src/lerobot/common/train_utils.py`` ``save_training_metadata``):
+  ``{step, dp_world_size, batch_size, grad_accum_steps, parallelism: {dp_replicate, dp_shard,
+  ring_degree, ulysses_degree}}`` - the topology comes from ``parallelism``;
+- LeRobot 0.6.x's (``lerobot/common/train_utils.py`` ``save_training_step``): ``{step,
+  num_processes, batch_size}`` for every run, single, DDP or FSDP alike - whether it was
+  sharded only the files tell (:func:`ckpt_tools.format.manifest.read_record` completes it).
+
+LeRobot records no data position: ``samples_seen`` is derived by LeRobot's own rule
+(:mod:`ckpt_tools.format.rules.sampler_position`) and named in :attr:`TrainingStep.derived`.
 """
 
 from __future__ import annotations
@@ -20,6 +31,45 @@ from ckpt_tools.errors import CheckpointError
 from ckpt_tools.io.safe_read import read_json_file
 
 SCHEMA_VERSION = 1
+
+
+class RecordSchema(str, enum.Enum):
+    """Which trainer's ``training_step.json`` a record is, told by its keys."""
+
+    CKPT_TRAIN = "ckpt-train"  # schema_version, topology, samples_seen, ... (or a bare/foreign record)
+    LEROBOT = "lerobot"  # LeRobot main: a parallelism snapshot
+    LEGACY = "0.6.x"  # LeRobot 0.6.x: num_processes (and batch_size), nothing else
+
+    @property
+    def lerobot(self) -> bool:
+        """Whether LeRobot's rules apply: the data position is derived, not recorded."""
+        return self is not RecordSchema.CKPT_TRAIN
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> RecordSchema:
+        if "schema_version" in data or "topology" in data:
+            return cls.CKPT_TRAIN
+        if "parallelism" in data:
+            return cls.LEROBOT
+        if "num_processes" in data:
+            return cls.LEGACY
+        return cls.CKPT_TRAIN
+
+
+# The fields each schema records: what a record of it can lack (the rest it never holds).
+_CKPT_TRAIN_FIELDS = (
+    "samples_seen",
+    "dp_world_size",
+    "batch_size",
+    "grad_accum_steps",
+    "mixed_precision",
+    "checkpoint_format",
+    "topology",
+    "sampler",
+    "sharded",
+    "peft",
+)
+_LEROBOT_FIELDS = ("samples_seen", "dp_world_size", "batch_size", "grad_accum_steps", "topology")
 
 
 class Layout(str, enum.Enum):
@@ -139,11 +189,13 @@ class TrainingStep:
     unknown: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     legacy_num_processes: int | None = None
+    schema: RecordSchema = RecordSchema.CKPT_TRAIN
+    derived: tuple[str, ...] = ()  # fields not in the file, computed by LeRobot's rules (or from the files)
 
     @property
     def is_legacy(self) -> bool:
-        """The 0.6.x-era record: ``num_processes`` and no topology."""
-        return self.topology is None and self.legacy_num_processes is not None
+        """The 0.6.x-era record: ``num_processes`` (and ``batch_size``), no topology of its own."""
+        return self.schema is RecordSchema.LEGACY
 
     @property
     def batch(self) -> BatchFactorization | None:
@@ -154,9 +206,10 @@ class TrainingStep:
         return BatchFactorization(self.batch_size, self.dp_world_size, self.grad_accum_steps)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        version = SCHEMA_VERSION if self.schema is RecordSchema.CKPT_TRAIN else self.schema_version
+        out: dict[str, Any] = {"schema_version": version}
         for f in fields(self):
-            if f.name in ("unknown", "extra", "legacy_num_processes", "schema_version"):
+            if f.name in ("unknown", "extra", "legacy_num_processes", "schema_version", "schema", "derived"):
                 continue
             value = getattr(self, f.name)
             out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
@@ -168,7 +221,7 @@ class TrainingStep:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingStep:
-        """Parse any record we may meet: current, older schema, or 0.6.x (``num_processes``)."""
+        """Parse any record we may meet: ``ckpt-train``'s, LeRobot main's or LeRobot 0.6.x's."""
         if not isinstance(data, dict):
             raise CheckpointError("training_step.json: expected a JSON object")
         if "step" not in data:
@@ -176,12 +229,23 @@ class TrainingStep:
         step = _int(data, "step")
         if step is None:
             raise CheckpointError("training_step.json: 'step' is null")
-        known = {f.name for f in fields(cls)} | {"effective_batch_size"}
+        schema = RecordSchema.of(data)
+        known = {f.name for f in fields(cls)} | {"effective_batch_size", "num_processes", "parallelism"}
         legacy = _int(data, "num_processes") if "num_processes" in data else None
-        topology = _topology(data.get("topology"))
+        topology = _topology(data.get("topology")) if schema is RecordSchema.CKPT_TRAIN else _parallelism(data)
         dp_world_size = _int(data, "dp_world_size")
-        if dp_world_size is None and topology is not None:
-            dp_world_size = topology.dp_world_size
+        if dp_world_size is None:
+            dp_world_size = topology.dp_world_size if topology is not None else legacy
+        elif schema is RecordSchema.LEROBOT and topology is not None and dp_world_size != topology.dp_world_size:
+            raise CheckpointError(
+                f"training_step.json: dp_world_size {dp_world_size}, but the parallelism"
+                f" {topology.dp_replicate}×{topology.dp_shard} makes {topology.dp_world_size}"
+            )
+        grad_accum = _int(data, "grad_accum_steps")
+        derived: list[str] = []
+        if grad_accum is None and schema is RecordSchema.LEGACY:
+            grad_accum = 1  # LeRobot 0.6.x had no gradient accumulation
+            derived.append("grad_accum_steps")
         record = cls(
             step=step,
             samples_seen=_int(data, "samples_seen"),
@@ -189,7 +253,7 @@ class TrainingStep:
             adam_step=_int(data, "adam_step"),
             dp_world_size=dp_world_size,
             batch_size=_int(data, "batch_size"),
-            grad_accum_steps=_int(data, "grad_accum_steps"),
+            grad_accum_steps=grad_accum,
             mixed_precision=_str(data, "mixed_precision"),
             mixed_precision_policy=_policy(data.get("mixed_precision_policy")),
             checkpoint_format=_str(data, "checkpoint_format"),
@@ -201,33 +265,62 @@ class TrainingStep:
             if isinstance(data.get("versions"), dict)
             else {},
             schema_version=_int(data, "schema_version"),
-            extra={k: v for k, v in data.items() if k not in known and k != "num_processes"},
+            extra={k: v for k, v in data.items() if k not in known},
             legacy_num_processes=legacy,
+            schema=schema,
         )
-        missing = tuple(
-            name
-            for name in (
-                "samples_seen",
-                "dp_world_size",
-                "batch_size",
-                "grad_accum_steps",
-                "mixed_precision",
-                "checkpoint_format",
-                "topology",
-                "sampler",
-                "sharded",
-                "peft",
-            )
-            if getattr(record, name) is None
-        )
+        if schema.lerobot:
+            record = _lerobot_derived(record, derived)
+        return record.completed(derived=tuple(derived))
+
+    def completed(self, **changes: Any) -> TrainingStep:
+        """This record with ``changes`` applied (fields the files tell, :attr:`derived`), ``unknown`` recomputed."""
+        record = replace(self, **changes)
+        names = _CKPT_TRAIN_FIELDS if self.schema is RecordSchema.CKPT_TRAIN else _LEROBOT_FIELDS
+        if self.schema is RecordSchema.LEGACY:
+            names = _CKPT_TRAIN_FIELDS
+        missing = tuple(n for n in names if getattr(record, n) is None and n not in record.derived)
         return replace(record, unknown=missing)
 
     def unknown_summary(self) -> str | None:
         """One line saying what this record could not tell, or None if it is complete."""
         if not self.unknown:
             return None
-        origin = "0.6.x-era record (num_processes)" if self.is_legacy else "record"
+        origin = {
+            RecordSchema.LEGACY: "0.6.x-era record (num_processes)",
+            RecordSchema.LEROBOT: "LeRobot record",
+        }.get(self.schema, "record")
         return f"{origin} does not say: {', '.join(self.unknown)}"
+
+    def describe_derived(self) -> str | None:
+        """One line naming the fields LeRobot's rules (or the files) gave, or None when there are none."""
+        if not self.derived:
+            return None
+        shown = []
+        for name in self.derived:
+            value = getattr(self, name)
+            if name == "samples_seen":
+                shown.append(f"samples_seen {value} (step × batch_size × dp_world_size, LeRobot's rule)")
+            elif name == "topology" and value is not None:
+                shown.append(f"topology {value.describe()} (num_processes, and the files)")
+            elif name == "checkpoint_format":
+                shown.append(f"checkpoint_format {value} (the files)")
+            elif name != "sharded":  # said by the topology
+                shown.append(f"{name} {value}")
+        return f"not in training_step.json, derived: {', '.join(shown)}"
+
+
+def _lerobot_derived(record: TrainingStep, derived: list[str]) -> TrainingStep:
+    """What LeRobot computes on resume from its record: the data position (its sampler rule)."""
+    # Imported here: the rules package imports this module.
+    from ckpt_tools.format.rules.sampler_position import samples_seen as lerobot_samples_seen
+
+    if record.sharded is None and record.topology is not None:
+        record = replace(record, sharded=record.topology.layout.sharded)
+    if record.samples_seen is None and record.batch_size is not None and record.dp_world_size is not None:
+        derived.append("samples_seen")
+        return replace(record, samples_seen=lerobot_samples_seen(record.step, record.batch_size, record.dp_world_size))
+    return record
 
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
@@ -300,6 +393,27 @@ def _topology(value: Any) -> Topology | None:
     if r * s != world:
         raise CheckpointError(f"training_step.json: topology dp_replicate×dp_shard = {r}×{s} ≠ world_size {world}")
     return Topology(world_size=world, dp_replicate=r, dp_shard=s, nnodes=_int(data, "nnodes"))
+
+
+def _parallelism(data: dict[str, Any]) -> Topology | None:
+    """LeRobot main's parallelism snapshot as a topology (every process is one data-parallel worker)."""
+    snapshot = _object(data.get("parallelism"), "parallelism")
+    if snapshot is None:
+        return None
+    degrees = {}
+    for key in ("dp_replicate", "dp_shard", "ring_degree", "ulysses_degree"):
+        value = _int(snapshot, key) if key in snapshot else 1
+        if value is None or value < 1:
+            raise CheckpointError(f"training_step.json: 'parallelism.{key}' must be a positive integer")
+        degrees[key] = value
+    cp = degrees["ring_degree"] * degrees["ulysses_degree"]
+    if cp != 1:
+        raise CheckpointError(
+            f"training_step.json: context parallelism (ring_degree × ulysses_degree = {cp}): only"
+            " dp_replicate × dp_shard meshes are read here (LeRobot refuses context parallelism in training too)"
+        )
+    r, s = degrees["dp_replicate"], degrees["dp_shard"]
+    return Topology(world_size=r * s, dp_replicate=r, dp_shard=s)
 
 
 def _sampler(value: Any) -> SamplerPosition | None:

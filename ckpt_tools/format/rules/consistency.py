@@ -9,7 +9,8 @@ existed. So before a resume every counter is compared with the record's ``step``
 - the optimizer state's Adam ``step`` counters (flat ``optimizer_state.safetensors`` or DCP
   ``optimizer_0/``, read torch-free) - the record's ``adam_step``, which the trainer saves
   next to them; a record without one (older trainers) only bounds them by ``optimizer_steps``
-  (an fp16 run's scaler may have skipped updates, which Adam does not count);
+  (an fp16 run's scaler may have skipped updates, which Adam does not count); a LeRobot record
+  counts neither, and bounds them by ``step`` (LeRobot updates at most once per loop step);
 - the LR scheduler's ``last_epoch`` and ``_step_count`` - the record's ``step`` and ``step + 1``
   (the trainer steps it once per loop step, and torch steps it once when it is built);
 - within the record: ``optimizer_steps`` ≤ ``step``, and the sampler position
@@ -125,6 +126,11 @@ def _adam_problems(adam: AdamSteps, record: TrainingStep) -> list[str]:
         return [
             f"{adam.path}: Adam step {top_int} ({name}), more than the {record.optimizer_steps} optimizer updates"
             f" training_step.json records (step {record.step}): the optimizer state is from another step"
+        ]
+    elif record.optimizer_steps is None and record.schema.lerobot and top_int > record.step:
+        return [
+            f"{adam.path}: Adam step {top_int} ({name}), more updates than the {record.step} steps"
+            " training_step.json records: the optimizer state is from another step"
         ]
     return []
 

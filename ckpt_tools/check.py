@@ -82,7 +82,19 @@ def describe_topology(record: TrainingStep | None) -> str | None:
     if record is None:
         return None
     if record.topology is not None:
-        return record.topology.describe()
+        return record.topology.describe() + _topology_origin(record)
     if record.is_legacy:
         return f"unknown: 0.6.x-era record (num_processes={record.legacy_num_processes}, no dp_replicate/dp_shard)"
     return None
+
+
+def _topology_origin(record: TrainingStep) -> str:
+    """Where a LeRobot record's topology comes from (ckpt-train's records say it outright)."""
+    from ckpt_tools.format.record import RecordSchema
+
+    if record.schema is RecordSchema.LEROBOT:
+        return " (training_step.json parallelism)"
+    if "topology" in record.derived:
+        keyed = "parameter name" if record.sharded else "position"
+        return f" (num_processes {record.legacy_num_processes}; optimizer state keyed by {keyed})"
+    return ""

@@ -38,8 +38,9 @@ from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
-from ckpt_tools.format.record import TrainingStep, read_training_step
+from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
@@ -213,7 +214,7 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
     report.processors = [p.name for p in paths.processor_files()]
     report.formats = _formats(paths)
     part = {L.PathKind.PRETRAINED_MODEL: L.PRETRAINED_MODEL_DIR, L.PathKind.TRAINING_STATE: L.TRAINING_STATE_DIR}
-    variant = manifest.Variant.of(record, peft) if record is not None else None
+    variant = manifest.Variant.at(paths, record, peft) if record is not None else None
     report.checks.extend(_expected_files(paths, variant, part.get(only) if only else None))
     _leftovers(paths.root, [paths.root, pm, paths.training_state], report)
     for f in _weight_files(pm):
@@ -231,7 +232,7 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
 
 def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:
     try:
-        record = read_training_step(paths.training_step)
+        record = manifest.read_record(paths)  # LeRobot records: completed from what the files say
     except CheckpointError as e:
         report.checks.append(Check.fail("training_step.json", str(e)))
         return None
@@ -242,8 +243,17 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
     summary = record.unknown_summary()
     if summary and not record.is_legacy:
         report.notes.append(summary)
+    derived = record.describe_derived()
+    if derived:
+        report.notes.append(derived)
+    trainer = checkpoint_trainer(paths, record)
+    if trainer is Trainer.LEROBOT:
+        report.notes.append(
+            f"written by LeRobot ({'0.6.x' if record.is_legacy else 'main'} record): verify-resume predicts LeRobot's"
+            " resume (lerobot-train --resume=true); ckpt-train does not resume it (its policies are not LeRobot's)"
+        )
     has_optimizer = manifest.choose(manifest.optimizer_inputs(), paths) is not None
-    refusal = unresumable_reason(paths, record, has_optimizer=has_optimizer)
+    refusal = unresumable_reason(paths, record, has_optimizer=has_optimizer, trainer=trainer)
     if record.is_legacy and refusal:  # the line verify-resume and the trainer refuse it with; its weights are fine
         report.checks.append(Check.warn("resumable layout", refusal))
     report.checks.append(Check.ok("training_step.json", f"step {record.step}"))

@@ -41,6 +41,13 @@ CheckpointFormatOpt = Annotated[
     str | None,
     typer.Option("--checkpoint-format", help="safetensors, dcp or safetensors_dcp [--checkpoint_format]."),
 ]
+TrainerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trainer",
+        help="Whose resume to predict: ckpt-train or lerobot-train (default: the trainer that wrote CKPT).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]
 
 

@@ -50,6 +50,7 @@ def reshard_plan_command(
     nnodes: opt.NnodesOpt = None,
     mixed_precision: opt.MixedPrecisionOpt = None,
     checkpoint_format: opt.CheckpointFormatOpt = None,
+    trainer: opt.TrainerOpt = None,
     json_out: opt.JsonOpt = False,
 ) -> None:
     from ckpt_tools.resume.plan import plan_reshard

@@ -17,7 +17,9 @@ CKPT is a run dir or its checkpoints root (their `last`), a step dir, or its pre
 what `ckpt-train --resume=true --config_path=CKPT ...` would run with: the checkpoint's
 train_config.json - or --config, the train_config.json of the run you will launch - with the
 flags given here on top (each stands for the training flag in brackets), on --nproc processes
-(default: R×S when both are given, else the saved world size).
+(default: R×S when both are given, else the saved world size). A checkpoint LeRobot wrote is
+checked against LeRobot's own resume (`lerobot-train --resume=true`, LeRobot main's rules);
+--trainer ckpt-train asks about ckpt-train's instead.
 
 Fails on what stops the resume: missing or truncated files (safetensors headers vs sizes, DCP
 chunk spans vs shard sizes), DCP metadata that does not cover the model, optimizer state that
@@ -56,6 +58,7 @@ def verify_resume_command(
     grad_accum: opt.GradAccumOpt = None,
     mixed_precision: opt.MixedPrecisionOpt = None,
     checkpoint_format: opt.CheckpointFormatOpt = None,
+    trainer: opt.TrainerOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
     json_out: opt.JsonOpt = False,
 ) -> None:

@@ -11,7 +11,10 @@ exactly as it would have from the shards:
 - every other part the saving run's :class:`~manifest.Variant` requires is there;
 - every state file a resume onto the same topology and precision reads
   (:class:`~manifest.Resume`) is there;
-- the layout is still resumable (:func:`~ckpt_tools.format.rules.unresumable_reason`).
+- the layout is still resumable (:func:`~ckpt_tools.format.rules.unresumable_reason`) by the
+  trainer whose checkpoint it is - LeRobot's for a checkpoint LeRobot wrote, whose resume of a
+  ``dcp`` / ``safetensors_dcp`` run reads the weights from the shards only
+  (:mod:`ckpt_tools.format.rules.lerobot_resume`).
 
 That the replacement holds the same numbers - no dtype cast - is the other half, by
 :func:`~ckpt_tools.format.rules.master_copy_problem`, which ``verify-resume`` applies to a
@@ -26,10 +29,11 @@ from pathlib import Path
 
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import manifest
-from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.manifest import Part
-from ckpt_tools.format.record import read_training_step
 from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
+from ckpt_tools.format.train_config import read_saved_config
 
 DCP_PARTS = (manifest.MODEL_DCP, manifest.OPTIMIZER_DCP)
 
@@ -49,7 +53,7 @@ def removal_refusal(step: StepPaths, removed: Part, *, written: Iterable[Path] =
     if removed not in DCP_PARTS:
         raise ValueError(f"{removed.key}: not a DCP part")
     try:
-        record = read_training_step(step.training_step)
+        record = manifest.read_record(step)
     except CkptError as e:
         return f"{e}, so this is no checkpoint a resume can read"
     peft = manifest.is_peft(step.pretrained_model, record=record)
@@ -70,9 +74,9 @@ def removal_refusal(step: StepPaths, removed: Part, *, written: Iterable[Path] =
             f"{removed.path}/ holds the only {kind} a resume reads (the trainer's other input, {others}, is not"
             " there: the converted file is not what the trainer loads)"
         )
-    variant = manifest.Variant.of(record, peft)
+    variant = manifest.Variant.at(step, record, peft)
     saved_world = record.topology.world_size if record.topology is not None else 0
-    resume = manifest.Resume.of(record, saved_world, record.mixed_precision)
+    resume = manifest.Resume.at(step, record, saved_world, record.mixed_precision)
     wanted = [p for p in manifest.required_parts(variant) if p is not removed and p not in inputs]
     wanted += [p for p in manifest.resume_reads(resume) if p not in wanted]
     missing = [p for p in wanted if not there(p, stand_ins=True)]
@@ -80,7 +84,19 @@ def removal_refusal(step: StepPaths, removed: Part, *, written: Iterable[Path] =
         names = "; ".join(f"{p.marker} ({p.what})" for p in missing)
         return f"what remains would be an incomplete checkpoint: missing {names}"
     has_optimizer = any(there(p) for p in manifest.optimizer_inputs())
-    return unresumable_reason(step, record, has_optimizer=has_optimizer)
+    trainer = checkpoint_trainer(step, record)
+    if trainer is Trainer.LEROBOT and removed is manifest.MODEL_DCP:
+        try:
+            fmt = read_saved_config(step.train_config).checkpoint_format
+        except CkptError:
+            fmt = record.checkpoint_format
+        if fmt in (CheckpointFormat.DCP.value, CheckpointFormat.SAFETENSORS_DCP.value):
+            return (
+                f"LeRobot resumes this checkpoint_format={fmt} run's weights from {removed.path}/ only: without it"
+                f' lerobot-train --resume=true stops ("checkpoint_format={fmt} declares DCP model shards, but ... is'
+                ' missing")'
+            )
+    return unresumable_reason(step, record, has_optimizer=has_optimizer, trainer=trainer)
 
 
 def _exists(step: StepPaths, rel: str, coming: set[str]) -> bool:

@@ -37,6 +37,7 @@ from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import BatchFactorization, Topology
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_ignored
+from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import resume_checks
 from ckpt_tools.resume.placement import Box, box_numel, coordinates, dim0_breaks, local_box
@@ -181,6 +182,7 @@ class ReshardPlan:
     target_world_size: int
     weights: str | None  # which input the resume loads weights from
     optimizer: str | None
+    trainer: str = Trainer.CKPT_TRAIN.value  # whose resume is predicted (ckpt-train or lerobot-train)
     ranks: list[RankPlan] = field(default_factory=list)  # one per rank, up to RANKS_LISTED ranks
     rank_groups: list[RankGroup] = field(default_factory=list)  # every rank, by identical prediction
     batch_before: BatchFactorization | None = None
@@ -231,7 +233,7 @@ def plan_reshard(checkpoint: str | os.PathLike[str], request: TargetRequest | No
     request.check()
     paths = resolve_step(checkpoint)
     source = load_source(paths)
-    target = resolve_target(source.config, source.record, request)
+    target = resolve_target(source.config, source.record, request, paths=source.paths, trainer=source.trainer)
     return build_plan(source, target)
 
 
@@ -245,6 +247,7 @@ def build_plan(source: ResumeSource, target: ResumeTarget) -> ReshardPlan:
         target_world_size=target.world_size,
         weights=_describe(source, source.weights.path if source.weights else None),
         optimizer=_describe(source, source.optimizer.path if source.optimizer else None),
+        trainer=target.trainer.value,
         notes=list(source.notes),
     )
     checks = resume_checks(source, target)
@@ -295,9 +298,11 @@ class _Placement:
     @classmethod
     def of(cls, source: ResumeSource, topology: Topology) -> _Placement:
         regex = ignored_regex(source.config.ignored_modules if source.config else None)
+        # A LeRobot model state holds its buffers too: fully_shard shards parameters only.
+        buffers = set(source.params) - source.trainable if source.trainer is Trainer.LEROBOT else set()
         return cls(
             topology,
-            {name: not parameter_is_ignored(name, regex) for name in source.params},
+            {name: name not in buffers and not parameter_is_ignored(name, regex) for name in source.params},
             {name: not parameter_is_ignored(name, regex, PEFT_MODEL_PREFIX) for name in source.frozen},
         )
 
@@ -408,7 +413,7 @@ def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRe
             files += [(path, role) for path in container.part.paths(paths)]
     if source.base_weights is not None:
         files.append((source.base_weights, "base"))
-    resume = manifest.Resume.of(source.record, target.world_size, target.mixed_precision)
+    resume = manifest.Resume.at(source.paths, source.record, target.world_size, target.mixed_precision)
     files += [(path, "state") for part in manifest.resume_reads(resume) for path in part.paths(paths)]
     out = []
     for path, role in files:
@@ -426,8 +431,15 @@ def _resident(source: ResumeSource, place: _Placement, rank: int) -> Resident:
     gradients, and the optimizer state of parameters the model has."""
     params = sum(place.nbytes(place.param(s, rank), s) for s in source.params.values())
     params += sum(place.nbytes(place.param(s, rank, frozen=True), s) for s in source.frozen.values())
-    grads = sum(place.nbytes(place.param(source.params[n], rank), source.params[n]) for n in source.trainable)
     optimizer = 0
+    if source.positional:
+        # LeRobot's unsharded state, keyed by position: held whole (it never loads into a sharded
+        # run), and each parameter's gradient has the shape and dtype of its exp_avg.
+        slots_of = list(source.optimizer_state.values())
+        grads = sum(slots["exp_avg"].nbytes for slots in slots_of if "exp_avg" in slots)
+        optimizer = sum(spec.nbytes for slots in slots_of for spec in slots.values())
+        return Resident(params, grads, optimizer)
+    grads = sum(place.nbytes(place.param(source.params[n], rank), source.params[n]) for n in source.trainable)
     for name, slots in source.optimizer_state.items():
         param = source.param_of(name)
         if param is not None:

@@ -17,10 +17,11 @@ from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
-from ckpt_tools.format import manifest
+from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.policy_path import locate_policy
-from ckpt_tools.format.record import TrainingStep, read_training_step
+from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
@@ -73,6 +74,12 @@ class ResumeSource:
     optimizer_state: dict[str, dict[str, SavedTensor]]  # live parameter name -> slot -> spec
     base_weights: Path | None = None
     notes: list[str] = field(default_factory=list)
+    trainer: Trainer = Trainer.CKPT_TRAIN  # whose checkpoint it is (checkpoint_trainer): who resumes it by default
+
+    @property
+    def positional(self) -> bool:
+        """The optimizer state is keyed by position in the optimizer (LeRobot's unsharded form), not by name."""
+        return bool(self.optimizer_state) and all(lerobot.is_position(n) for n in self.optimizer_state)
 
     def param_of(self, optimizer_name: str) -> SavedTensor | None:
         """The parameter an optimizer entry belongs to (PEFT safetensors names drop the adapter name)."""
@@ -84,7 +91,7 @@ class ResumeSource:
 
 def load_source(paths: L.StepPaths) -> ResumeSource:
     """Describe ``paths`` as the loader sees it. Raises only when ``training_step.json`` is unusable."""
-    record = read_training_step(paths.training_step)
+    record = manifest.read_record(paths)
     config, config_error = None, None
     try:
         config = read_saved_config(paths.train_config)
@@ -107,12 +114,17 @@ def load_source(paths: L.StepPaths) -> ResumeSource:
         trainable=set(),
         frozen={},
         optimizer_state={},
+        trainer=checkpoint_trainer(paths, record),
     )
     if weights is not None:
         source.params = _params(weights)
         source.trainable = set(source.params)  # non-PEFT: all trainable; PEFT: the checkpoint holds only the adapter
     if optimizer is not None:
         source.optimizer_state = _optimizer_state(optimizer)
+    if source.trainer is Trainer.LEROBOT and source.optimizer_state and not source.positional:
+        # LeRobot's model state holds buffers too (ACT's vae_encoder_pos_enc): what has no optimizer
+        # state is no trainable parameter - no gradient, no Adam moments, not sharded by FSDP2.
+        source.trainable = {n for n in source.params if n in source.optimizer_state}
     if peft:
         _base_model(source)
     return source

@@ -5,6 +5,12 @@
 config. This module does the merge and applies the trainer's own rules
 (:mod:`ckpt_tools.format.rules.startup`) to it. Each refusal is the one line the trainer would
 print, plus this tool's flags for the fix.
+
+The trainer is the one whose checkpoint it is (:func:`~ckpt_tools.format.rules.resumable.checkpoint_trainer`)
+unless ``--trainer`` says otherwise. For ``lerobot-train`` (LeRobot main, which resumes the
+same way from the same ``train_config.json`` fields) the rules are the mesh rules both share
+and LeRobot's own (:mod:`ckpt_tools.format.rules.lerobot_resume`); ``ckpt-train``'s setting
+checks (its optimizers, schedulers, ...) do not apply to LeRobot's configs.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ckpt_tools.errors import UsageError
+from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules import lerobot_resume
+from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.startup import (
     Refusal,
     RunSettings,
@@ -49,6 +58,7 @@ class TargetRequest:
     mixed_precision: str | None = None
     checkpoint_format: str | None = None
     nnodes: int | None = None
+    trainer: str | None = None  # ckpt-train or lerobot-train (None: the checkpoint's own)
 
     def check(self) -> None:
         """Flag values that can never work, whatever the checkpoint: a usage error (exit 2).
@@ -61,6 +71,8 @@ class TargetRequest:
                 raise UsageError(f"{flag}={value}: must be a positive integer")
         if self.nproc is not None and self.nnodes is not None and self.nproc % self.nnodes:
             raise UsageError(f"--nnodes={self.nnodes} does not divide --nproc={self.nproc}")
+        if self.trainer is not None and self.trainer not in {t.value for t in Trainer}:
+            raise UsageError(f"--trainer={self.trainer}: choose {' or '.join(t.value for t in Trainer)}")
         alone = RunSettings(
             batch_size=self.batch_size,
             grad_accum_steps=self.grad_accum,
@@ -89,6 +101,8 @@ class ResumeTarget:
     checkpoint_format: str | None
     problems: tuple[str, ...] = ()  # start-up refusals, one line each
     overridden: tuple[str, ...] = field(default_factory=tuple)  # fields the request changed
+    trainer: Trainer = Trainer.CKPT_TRAIN  # who resumes
+    kind_refusal: str | None = None  # lerobot-train: the topology resolves, but LeRobot refuses to resume onto it
 
     @property
     def sharded(self) -> bool:
@@ -99,14 +113,30 @@ def _pick(flag: object, saved: object, recorded: object) -> object:
     return flag if flag is not None else saved if saved is not None else recorded
 
 
-def resolve_target(config: SavedConfig | None, record: TrainingStep, request: TargetRequest) -> ResumeTarget:
-    """Merge the request over ``config`` (falling back to ``record``) and apply the start-up rules."""
+def resolve_target(
+    config: SavedConfig | None,
+    record: TrainingStep,
+    request: TargetRequest,
+    *,
+    paths: StepPaths | None = None,
+    trainer: Trainer = Trainer.CKPT_TRAIN,
+) -> ResumeTarget:
+    """Merge the request over ``config`` (falling back to ``record``) and apply the start-up rules.
+
+    ``trainer``: whose checkpoint it is (``request.trainer`` overrides it); ``paths``: where it is
+    (for LeRobot's refusals, which name its files).
+    """
+    trainer = Trainer(request.trainer) if request.trainer else trainer
     saved_world = record.topology.world_size if record.topology else record.legacy_num_processes or 1
     world = request.nproc or saved_world
     cfg_r = config.dp_replicate if config else None
     cfg_s = config.dp_shard if config else None
     rec_r = record.topology.dp_replicate if record.topology else 1
     rec_s = record.topology.dp_shard if record.topology else 1
+    if trainer is Trainer.LEROBOT and config is not None:
+        # LeRobot parses the saved config into its own: one without a parallelism group (0.6.x)
+        # resumes with LeRobot's defaults, 1×1 (DDP filled in on several processes).
+        rec_r, rec_s = 1, 1
     r = int(_pick(request.dp_replicate, cfg_r, rec_r))  # type: ignore[call-overload]
     s = int(_pick(request.dp_shard, cfg_s, rec_s))  # type: ignore[call-overload]
     batch = _pick(request.batch_size, config.batch_size if config else None, record.batch_size)
@@ -127,7 +157,17 @@ def resolve_target(config: SavedConfig | None, record: TrainingStep, request: Ta
     topology = None
     if mesh is not None:
         topology = Topology(world, *mesh, request.nnodes or _same_nodes(record, world))
-    problems = [_with_tool_flags(refusal) for refusal in refusals + setting_refusals(settings)]
+    kind = None
+    if trainer is Trainer.LEROBOT:
+        # LeRobot's own start-up rules, not ckpt-train's (which know only ckpt-train's optimizers, policies, ...).
+        problems = [_with_tool_flags(refusal) for refusal in refusals]
+        if topology is not None:
+            peft = config is not None and config.peft
+            problems += lerobot_resume.setting_refusals(topology, mixed_precision=precision, peft=peft)  # type: ignore[arg-type]
+            if paths is not None:
+                kind = lerobot_resume.kind_refusal(paths, record, topology)
+    else:
+        problems = [_with_tool_flags(refusal) for refusal in refusals + setting_refusals(settings)]
     overridden = tuple(
         name
         for name, value in (
@@ -150,6 +190,8 @@ def resolve_target(config: SavedConfig | None, record: TrainingStep, request: Ta
         checkpoint_format=fmt,  # type: ignore[arg-type]
         problems=tuple(problems),
         overridden=overridden,
+        trainer=trainer,
+        kind_refusal=kind,
     )
 
 

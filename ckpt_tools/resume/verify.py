@@ -33,6 +33,7 @@ class VerifyReport:
     target: str | None  # the target topology, described (None: it does not resolve)
     strict: bool
     checks: list[Check] = field(default_factory=list)
+    trainer: str | None = None  # whose resume is predicted: ckpt-train or lerobot-train
 
     @property
     def failures(self) -> list[Check]:
@@ -50,6 +51,7 @@ class VerifyReport:
             "topology": self.topology,
             "target": self.target,
             "strict": self.strict,
+            "trainer": self.trainer,
             "resumable": self.resumable,
             "checks": [c.to_dict() for c in self.checks],
         }
@@ -86,8 +88,11 @@ def verify_resume(
         return report
     subject = Subject.of(paths.root, source.record)
     report.step, report.topology = subject.step, subject.topology
-    target = resolve_target(target_config or source.config, source.record, request)
+    target = resolve_target(
+        target_config or source.config, source.record, request, paths=source.paths, trainer=source.trainer
+    )
     report.target = target.topology.describe() if target.topology else None
+    report.trainer = target.trainer.value
     report.checks = resume_checks(source, target)
     return report
 

@@ -22,5 +22,11 @@ __all__ = ["resume_checks"]
 
 
 def resume_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
-    """All checks, structural ones first (the first failure is usually the one to fix)."""
-    return [*state_checks(source, target), *settings_checks(source, target)]
+    """All checks, structural ones first (the first failure is usually the one to fix).
+
+    A layout the trainer never resumes stops there: no setting makes it resumable.
+    """
+    state = state_checks(source, target)
+    if any(c.name == "layout" and c.failed for c in state):
+        return state
+    return [*state, *settings_checks(source, target)]

@@ -17,6 +17,8 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.policy_path import adapter_refusal, locate_policy, policy_weights
 from ckpt_tools.format.record import BatchFactorization
 from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.resumable import Trainer
+from ckpt_tools.format.rules.sampler_position import sampler_state
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.format.rules.startup import resolve_parallelism
 from ckpt_tools.resume.source import ResumeSource
@@ -25,21 +27,25 @@ from ckpt_tools.st.header import read_header
 
 
 def settings_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
-    if source.record.is_legacy:
-        return []
+    lerobot_run = target.trainer is Trainer.LEROBOT
     problems = list(target.problems)
     if target.topology is None and problems:
         n = target.world_size
         where = f"{n} process{'es' if n != 1 else ''}"
         checks = [Check.fail("topology", f"{_saved(source)} → {where}: {problems.pop(0)}")]
+    elif target.kind_refusal is not None:
+        assert target.topology is not None
+        checks = [Check.fail("topology", f"{_saved(source)} → {target.topology.describe()}: {target.kind_refusal}")]
     else:
         checks = [_topology(source, target)]
     checks += [Check.fail("start-up", problem) for problem in problems]
-    checks += _config_shape(source)
+    if not lerobot_run:  # ckpt-train's config decoder, and the policy it loads again
+        checks += _config_shape(source)
     checks.append(_config_vs_record(source))
     checks.append(_precision(source, target))
-    checks += _pretrained(source)
-    checks.append(_dataset(source))
+    if not lerobot_run:
+        checks += _pretrained(source)
+    checks.append(_lerobot_dataset(source) if lerobot_run else _dataset(source))
     checks.append(_data_order(source, target))
     checks.append(_effective_batch(source, target))
     return checks
@@ -203,9 +209,55 @@ def _dataset(source: ResumeSource) -> Check:
     return Check.ok("dataset", f"--dataset.root={root} ({size if size is not None else '?'} samples)")
 
 
+def _lerobot_dataset(source: ResumeSource) -> Check:
+    """A LeRobot dataset root (``meta/info.json``), or a Hub id resolved at start-up."""
+    config = source.config
+    root = config.dataset_root if config else None
+    if not root:
+        repo = config.dataset_repo_id if config else None
+        where = f"--dataset.repo_id={repo}" if repo else "no dataset recorded"
+        return Check.ok("dataset", f"{where}: resolved through the Hugging Face cache at start-up (not checked here)")
+    frames = lerobot_frames(source)
+    if not Path(root).expanduser().is_dir():
+        return Check.fail("dataset", f"--dataset.root={root}: no such directory - the resume cannot load its data")
+    if frames is None:
+        return Check.warn("dataset", f"--dataset.root={root}: no readable {dataset.INFO_FILE} with total_frames")
+    return Check.ok("dataset", f"--dataset.root={root} ({frames} frames)")
+
+
+def lerobot_frames(source: ResumeSource) -> int | None:
+    """The frames LeRobot's sampler draws from: ``meta/info.json`` ``total_frames`` of the dataset root.
+
+    None when unknown, or when the run used part of the episodes or a policy that drops last
+    frames (``drop_n_last_frames``): the sampler's length is then not the dataset's.
+    """
+    from ckpt_tools.io.safe_read import read_json_file
+
+    config = source.config
+    root = config.dataset_root if config else None
+    if not root or config is None:
+        return None
+    if config.raw.get("dataset", {}).get("episodes") or config.raw.get("policy", {}).get("drop_n_last_frames"):
+        return None
+    try:
+        info = read_json_file(Path(root).expanduser() / dataset.INFO_FILE, want_object=True)
+    except CkptError:
+        return None
+    frames = info.get("total_frames")
+    return frames if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else None
+
+
 def _data_order(source: ResumeSource, target: ResumeTarget) -> Check:
     record = source.record
     position = ""
+    frames = lerobot_frames(source) if target.trainer is Trainer.LEROBOT else None
+    if frames is not None and record.batch_size and record.dp_world_size:
+        state = sampler_state(record.step, frames, record.batch_size, record.dp_world_size)
+        if state is not None:
+            position = (
+                f"; LeRobot's sampler resumes at epoch {state.epoch}, sample {state.start_index} of {frames}"
+                " (compute_sampler_state)"
+            )
     if record.sampler is not None:
         position = f"; the sampler resumes at epoch {record.sampler.epoch}, offset {record.sampler.offset}"
     now_world = target.topology.dp_world_size if target.topology else target.world_size

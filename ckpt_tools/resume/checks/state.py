@@ -7,6 +7,13 @@ the world size is unchanged, and the loss-scaler state an fp16 run needs (the ma
 ``Resume`` rule, shared with the loader). Whether the weights are the copy training holds
 (bit-exactness, :func:`~ckpt_tools.format.rules.master_copy_problem`) is a warning: the
 loader casts them back and resumes, but not exactly.
+
+When the trainer is LeRobot's (a checkpoint LeRobot wrote), each check follows LeRobot main's
+resume instead (``src/lerobot/common/train_utils.py`` ``resume_before_prepare`` /
+``resume_after_prepare``, :mod:`ckpt_tools.format.lerobot`): weights from the DCP shards its
+config's ``checkpoint_format`` names, the optimizer state keyed by position in its bare list of
+param groups, one RNG state every rank loads, the scheduler state only when the run has a
+scheduler, no loss-scaler state.
 """
 
 from __future__ import annotations
@@ -15,10 +22,11 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
-from ckpt_tools.format import manifest
+from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import consistency, master_copy_problem, unresumable_reason
+from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, unresumable_reason
+from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -29,26 +37,63 @@ ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
 
 def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     record, paths = source.record, source.paths
-    reason = unresumable_reason(paths, record, has_optimizer=source.optimizer is not None)
+    trainer = _trainer(source, target)
+    reason = unresumable_reason(paths, record, has_optimizer=source.optimizer is not None, trainer=target.trainer)
     if reason is not None:
-        return [Check.fail("layout", reason)]
+        return [trainer, Check.fail("layout", reason)]
+    seen = f"{record.samples_seen} samples seen"
+    if "samples_seen" in record.derived:
+        seen += " (step × batch_size × dp_world_size: LeRobot's rule, it records no data position)"
+    elif record.samples_seen is None:
+        seen = "no batch_size / world size recorded: LeRobot places the sampler with the resumed run's own"
     checks = [
+        trainer,
         Check.ok("layout", f"resumable layout, saved on {record.topology.describe() if record.topology else '?'}"),
-        Check.ok("training-step", f"step {record.step}, {record.samples_seen} samples seen"),
+        Check.ok("training-step", f"step {record.step}, {seen}"),
     ]
     if source.config is None:
         checks.append(Check.fail("train-config", source.config_error or f"{paths.train_config}: missing"))
     else:
         checks.append(Check.ok("train-config", f"{_rel(source, paths.train_config)} (the resume starts from it)"))
     checks += _weights(source, target)
-    checks += _optimizer(source)
+    checks += _optimizer(source, target)
     if source.weights is not None and source.optimizer is not None:
         checks.append(_weights_precision(source))
-    checks.append(_json_file("scheduler", paths.scheduler_state, "LR scheduler state, always restored"))
+    checks.append(_scheduler(source, target))
     checks.append(_rng(source, target))
     checks.append(_scaler(source, target))
     checks.append(_consistency(source))
     return checks
+
+
+def _trainer(source: ResumeSource, target: ResumeTarget) -> Check:
+    """Which trainer's resume the checks predict, and why."""
+    record = source.record
+    if source.trainer is Trainer.LEROBOT:
+        era = "0.6.x" if record.is_legacy else "main"
+        written = f"LeRobot wrote this checkpoint ({era} record, LeRobot policy)"
+    else:
+        written = "ckpt-train wrote this checkpoint"
+    if target.trainer is Trainer.LEROBOT:
+        return Check.ok(
+            "trainer",
+            f"{written}: predicting {target.trainer.command} by LeRobot main's rules"
+            " (ckpt-train does not resume LeRobot checkpoints; --trainer ckpt-train says why)",
+        )
+    return Check.ok("trainer", f"{written}: predicting {target.trainer.command}")
+
+
+def _lerobot(target: ResumeTarget) -> bool:
+    return target.trainer is Trainer.LEROBOT
+
+
+def _scheduler(source: ResumeSource, target: ResumeTarget) -> Check:
+    path = source.paths.scheduler_state
+    if _lerobot(target) and not _resume(source, target).scheduler:
+        return Check.ok(
+            "scheduler", "the run has no LR scheduler (train_config.json scheduler: null): nothing to restore"
+        )
+    return _json_file("scheduler", path, "LR scheduler state, always restored")
 
 
 def _consistency(source: ResumeSource) -> Check:
@@ -71,6 +116,11 @@ def _weights(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     where = _rel(source, weights.path)
     if weights.problems:
         return [Check.fail("weights", f"{where}: {_first(weights.problems)}")]
+    if _lerobot(target):
+        fmt = source.config.checkpoint_format if source.config else None
+        missing = lerobot_resume.missing_weights(paths, target.checkpoint_format or fmt)
+        if missing is not None:
+            return [Check.fail("weights", missing)]
     n = target.world_size
     onto = target.topology.describe() if target.topology else f"{n} process{'es' if n != 1 else ''}"
     if weights.index is not None:
@@ -128,7 +178,7 @@ def _weights_coverage(source: ResumeSource) -> Check:
 # ---------------------------------------------------------------------- optimizer
 
 
-def _optimizer(source: ResumeSource) -> list[Check]:
+def _optimizer(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     if source.optimizer is None:
         return [Check.fail("optimizer", source.optimizer_error or "no optimizer state")]
     optimizer = source.optimizer
@@ -136,21 +186,22 @@ def _optimizer(source: ResumeSource) -> list[Check]:
     if optimizer.problems:
         return [Check.fail("optimizer", f"{where}: {_first(optimizer.problems)}")]
     kind = "DCP" if optimizer.index is not None else "safetensors + param groups JSON"
-    out = [Check.ok("optimizer", f"{where} ({kind}: state of {len(source.optimizer_state)} parameters)")]
+    keyed = ", by position in the optimizer" if source.positional else ""
+    out = [Check.ok("optimizer", f"{where} ({kind}: state of {len(source.optimizer_state)} parameters{keyed})")]
     if optimizer.header is not None:
-        groups = _flat_groups(source, optimizer)
+        groups = _flat_groups(source, optimizer, lerobot_form=_lerobot(target))
         if groups is not None:
             out.append(groups)
             return out
-    out.append(_optimizer_coverage(source))
+    out.append(_positional_coverage(source) if source.positional else _optimizer_coverage(source))
     return out
 
 
-def _flat_groups(source: ResumeSource, optimizer: Container) -> Check | None:
+def _flat_groups(source: ResumeSource, optimizer: Container, *, lerobot_form: bool = False) -> Check | None:
     """``optimizer_param_groups.json`` names every parameter that has state (the loader splits keys by it)."""
     path = source.paths.optimizer_param_groups
     try:
-        names = set(read_param_groups(path).names)
+        names = set(read_param_groups(path, lerobot_form=lerobot_form).names)
     except CkptError as e:
         return Check.fail("optimizer-coverage", str(e))  # the line the trainer's load stops with
     unknown = sorted(n for n in source.optimizer_state if n not in names)
@@ -186,6 +237,33 @@ def _optimizer_coverage(source: ResumeSource) -> Check:
     return Check.ok("optimizer-coverage", f"Adam state for all {len(source.trainable)} trainable parameters")
 
 
+def _positional_coverage(source: ResumeSource) -> Check:
+    """LeRobot's state keyed by position: complete slots, each moment shaped like some tensor of the weights.
+
+    Positions cannot be matched to names from the files (LeRobot's optimizer lists parameters in
+    the policy's registration order, which no file records); torch's ``load_state_dict`` pairs
+    them by position in the groups, so what can be checked is the state itself.
+    """
+    shapes = {spec.shape for spec in source.params.values()}
+    for position, slots in sorted(source.optimizer_state.items(), key=lambda item: int(item[0])):
+        absent = [s for s in ADAM_SLOTS if s not in slots]
+        if absent:
+            return Check.fail(
+                "optimizer-coverage", f"optimizer state of parameter {position} lacks {', '.join(absent)}"
+            )
+        moment = slots["exp_avg"]
+        if moment.shape not in shapes:
+            return Check.fail(
+                "optimizer-coverage",
+                f"optimizer state of parameter {position}: exp_avg is {list(moment.shape)}, no tensor of the weights is",
+            )
+    return Check.ok(
+        "optimizer-coverage",
+        f"Adam state of {len(source.optimizer_state)} parameters, by position (each shaped like a tensor of the"
+        f" weights; {len(source.params)} tensors there, buffers included)",
+    )
+
+
 def _weights_precision(source: ResumeSource) -> Check:
     """The weights are the copy training holds: every parameter in the dtype of its Adam moments.
 
@@ -199,6 +277,16 @@ def _weights_precision(source: ResumeSource) -> Check:
         if param is not None and moment is not None:
             master[param.name] = moment.dtype
     assert source.weights is not None
+    if source.positional:
+        dtypes = sorted({slots["exp_avg"].dtype for slots in source.optimizer_state.values() if "exp_avg" in slots})
+        weights = sorted({t.dtype for t in source.params.values()})
+        if dtypes and weights != dtypes:
+            return Check.warn(
+                "weights-precision",
+                f"{_rel(source, source.weights.path)}: the weights are {', '.join(weights)}, the optimizer state"
+                f" {', '.join(dtypes)}: a resume casts them and does not continue bit-exactly",
+            )
+        return Check.ok("weights-precision", f"weights and optimizer state are {', '.join(weights) or '?'}")
     problem = master_copy_problem({n: t.dtype for n, t in source.params.items()}, master)
     if problem is not None:
         return Check.warn("weights-precision", f"{_rel(source, source.weights.path)}: {problem}")
@@ -221,6 +309,8 @@ def _slot_problem(param: SavedTensor, slots: dict[str, SavedTensor]) -> str | No
 def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
     saved = source.record.topology.world_size if source.record.topology else None
     path = source.paths.rng_state
+    if _lerobot(target):
+        return _lerobot_rng(source, target)
     if not _resume(source, target).same_world:
         return Check.ok(
             "rng-state",
@@ -243,8 +333,30 @@ def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
     return Check.ok("rng-state", f"generator state of all {target.world_size} ranks (restored: same world size)")
 
 
+def _lerobot_rng(source: ResumeSource, target: ResumeTarget) -> Check:
+    """LeRobot saves the main process's generators once; every rank loads them, whatever the world size."""
+    path = source.paths.rng_state
+    if not path.exists():
+        return Check.fail("rng-state", f"{_rel(source, path)}: missing - LeRobot's resume loads it on every rank")
+    try:
+        header = read_header(path)
+    except CkptError as e:
+        return Check.fail("rng-state", str(e))
+    if header.problems:
+        return Check.fail("rng-state", _first(list(header.problems)))
+    absent = [k for k in lerobot.RNG_KEYS if k not in header.entries]
+    if absent:
+        return Check.fail("rng-state", f"{_rel(source, path)}: no {absent[0]} (LeRobot's resume reads it)")
+    return Check.ok(
+        "rng-state",
+        f"the main process's Python, NumPy and torch generators, loaded by each of the {target.world_size} ranks",
+    )
+
+
 def _scaler(source: ResumeSource, target: ResumeTarget) -> Check:
     path = source.paths.scaler_state
+    if _lerobot(target):
+        return Check.ok("scaler", "LeRobot saves no loss-scaler state (accelerate's scaler starts afresh)")
     if not _resume(source, target).fp16:
         return Check.ok("scaler", f"not needed (mixed precision {target.mixed_precision or 'no'})")
     if not path.exists():
@@ -279,4 +391,4 @@ def _rel(source: ResumeSource, path: Path) -> str:
 
 
 def _resume(source: ResumeSource, target: ResumeTarget) -> manifest.Resume:
-    return manifest.Resume.of(source.record, target.world_size, target.mixed_precision)
+    return manifest.Resume.at(source.paths, source.record, target.world_size, target.mixed_precision)

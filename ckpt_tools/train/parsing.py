@@ -146,7 +146,9 @@ def _draccus_parse(args: list[str], base: dict[str, Any] | None) -> TrainConfig:
 
 
 def _decoding_message(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    """draccus's error as one line: its first line, and the reasons it lists below it (what did not decode)."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    text = " ".join(lines) if lines else type(error).__name__
     if text.startswith("`"):
         path, _, rest = text[1:].partition("`")
         return f"--{path}: {rest.lstrip(': ').strip()}"
@@ -189,6 +191,11 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
             step = layout.resolve_step(config_path)  # `last` → the step it points at, as the tools read it
         except CheckpointError as e:
             raise CheckpointError(f"--config_path={e}") from None
+        from ckpt_tools.train.checkpoint.parts import load_training_step
+
+        # A checkpoint this trainer never resumes (LeRobot's, the 0.6.x layout) is named as such
+        # before its train_config.json is decoded: a LeRobot config would only fail as unknown fields.
+        load_training_step(step)
         # Read as verify-resume reads it: paths resolved, output_dir the run the checkpoint is in.
         base = read_saved_config(step.train_config).resume_base()
         base["overwrite_checkpoints"] = False  # only this launch's own flag replaces checkpoints
@@ -219,6 +226,9 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
     if refusal is not None:  # before the model is built: an adapter alone leaves nothing to train
         raise ConfigError(refusal)
     saved = saved_policy_config(directory)
+    foreign = _lerobot_policy_problem(saved, policy_path)
+    if foreign is not None:
+        raise ConfigError(foreign)
     if cli_type is not None and cli_type != saved.get("type"):
         raise ConfigError(
             f"--policy.type={cli_type} contradicts --policy.path={policy_path} (a {saved.get('type')} policy)"
@@ -237,6 +247,34 @@ def _not_republished(policy_path: str, repo_id: str) -> str:
     return (
         f"--policy.path={policy_path} was published to {repo_id}: this run does not publish there"
         " (pass --policy.repo_id to publish it)"
+    )
+
+
+def _lerobot_policy_problem(saved: dict[str, Any], policy_path: str) -> str | None:
+    """Why a saved LeRobot policy cannot start a ckpt-train run (None: it is not one of LeRobot's).
+
+    LeRobot's policies are not ckpt-train's, even under the same name: LeRobot's ``act`` has a VAE
+    encoder and per-feature input projections (``input_features``, ``output_features``), so
+    neither its config nor its weights fit ckpt-train's ``act``. The message names the fields
+    ckpt-train's policy of that type does not have.
+    """
+    from ckpt_tools.format import lerobot
+
+    if not lerobot.policy_fields(saved) or len(lerobot.policy_fields(saved)) < len(lerobot.POLICY_MARKERS):
+        return None
+    policy_type = saved.get("type")
+    choice = PolicyConfig.get_known_choices().get(policy_type) if isinstance(policy_type, str) else None
+    if choice is not None:
+        ours = {f.name for f in dataclasses.fields(choice)} | {"type"}
+        unknown = [name for name in saved if name not in ours]
+        shown = ", ".join(unknown[:6]) + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
+        what = f"fields ckpt-train's {policy_type} policy does not have: {shown}"
+    else:
+        what = f"a policy type ckpt-train does not have ({', '.join(sorted(PolicyConfig.get_known_choices()))})"
+    return (
+        f"--policy.path={policy_path}: a LeRobot {policy_type} policy (its config.json has {what}): ckpt-train"
+        " builds only its own policies, whose weights a LeRobot policy does not fit; fine-tune it with LeRobot:"
+        f" lerobot-train --policy.path={policy_path}"
     )
 
 

@@ -14,7 +14,9 @@ refuses, as its source says:
 - ``src/lerobot/configs/train.py`` ``_validate_distributed``: fp16 and PEFT under sharding;
 - ``resume_after_prepare``: a ``dcp`` / ``safetensors_dcp`` run whose ``pytorch_model_fsdp_0/``
   is gone ("convert what remains with ``lerobot-convert-dcp`` or resume from a safetensors
-  checkpoint").
+  checkpoint"); a ``safetensors`` run without ``model.safetensors``, which ``from_pretrained``
+  loads while the policy is built (seen: ``FileNotFoundError`` on a ``dcp`` checkpoint resumed
+  with ``--checkpoint_format=safetensors``).
 """
 
 from __future__ import annotations

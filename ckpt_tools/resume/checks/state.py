@@ -178,7 +178,7 @@ def _weights_coverage(source: ResumeSource) -> Check:
 # ---------------------------------------------------------------------- optimizer
 
 
-def _optimizer(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+def _optimizer(source: ResumeSource, target: ResumeTarget | None = None) -> list[Check]:
     if source.optimizer is None:
         return [Check.fail("optimizer", source.optimizer_error or "no optimizer state")]
     optimizer = source.optimizer
@@ -189,7 +189,7 @@ def _optimizer(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     keyed = ", by position in the optimizer" if source.positional else ""
     out = [Check.ok("optimizer", f"{where} ({kind}: state of {len(source.optimizer_state)} parameters{keyed})")]
     if optimizer.header is not None:
-        groups = _flat_groups(source, optimizer, lerobot_form=_lerobot(target))
+        groups = _flat_groups(source, optimizer, lerobot_form=target is not None and _lerobot(target))
         if groups is not None:
             out.append(groups)
             return out

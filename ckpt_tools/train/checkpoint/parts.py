@@ -26,7 +26,7 @@ from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.record import TrainingStep, read_training_step, training_step_json
+from ckpt_tools.format.record import TrainingStep, training_step_json
 from ckpt_tools.format.rules import master_copy_problem, unresumable_reason
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
@@ -174,14 +174,19 @@ def save_training_step(record: TrainingStep, paths: StepPaths) -> None:
 
 
 def load_training_step(paths: StepPaths) -> TrainingStep:
-    """The record, refused when its checkpoint can never be resumed (the 0.6.x layout, no optimizer state)."""
-    record = read_training_step(paths.training_step)
+    """The record, refused when its checkpoint can never be resumed (LeRobot's, the 0.6.x layout, no optimizer state).
+
+    Read as the tools read it (:func:`~ckpt_tools.format.manifest.read_record`: a LeRobot record
+    completed from its files), so the refusal is the line ``verify-resume --trainer ckpt-train`` gives.
+    """
+    record = manifest.read_record(paths)
     check_resumable(paths, record)
     return record
 
 
 def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
-    """Refuse the 0.6.x layout, optimizer-less sharded checkpoints and records without a data position."""
+    """Refuse LeRobot's checkpoints, the 0.6.x layout, optimizer-less sharded checkpoints and records
+    without a data position."""
     has_optimizer = manifest.choose(manifest.optimizer_inputs(), paths) is not None
     reason = unresumable_reason(paths, record, has_optimizer=has_optimizer)
     if reason is not None:

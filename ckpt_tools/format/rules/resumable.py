@@ -136,6 +136,13 @@ def _lerobot_rng(paths: StepPaths) -> bool:
 
 def _lerobot_reason(paths: StepPaths, record: TrainingStep, has_optimizer: bool) -> str | None:
     """Why LeRobot main's resume can never continue ``paths`` (whatever the resumed topology), or None."""
+    if checkpoint_trainer(paths, record) is Trainer.CKPT_TRAIN:
+        policy = _policy_type(paths)
+        return (
+            f"{paths.root}: a ckpt-train checkpoint: LeRobot does not build its {policy or ''} policy"
+            " (ckpt-train's own, not one of LeRobot's); resume it with ckpt-train --resume=true"
+            f" --config_path={paths.train_config}"
+        ).replace("its  policy", "its policy")
     as_pretrained = f"its weights load as a pretrained policy: lerobot-train --policy.path={paths.pretrained_model}"
     if record.is_legacy and record.sharded:
         return (

@@ -12,6 +12,7 @@ never a traceback.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import signal
 import sys
@@ -79,12 +80,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def _require_training_extra(modules: tuple[str, ...]) -> None:
     """Refuse in one line, naming the extra, when a module it brings cannot be imported."""
+    # Found, not imported: importing torch costs seconds of CPU, which a refused command line
+    # (most of them are refused before any tensor exists) need not pay.
     for name in modules:
         try:
-            importlib.import_module(name)
-        except ImportError as e:
+            found = importlib.util.find_spec(name) is not None
+            problem = "" if found else "not installed"
+        except (ImportError, ValueError) as e:
+            found, problem = False, str(e)
+        if not found:
             raise ConfigError(
-                f"ckpt-train needs the `training` extra: {name} cannot be imported ({e}); install CPU torch, then"
+                f"ckpt-train needs the `training` extra: {name} cannot be imported ({problem}); install CPU torch, then"
                 " pip install -e '.[training]' in a checkout of ckpt_tools, or"
                 " pip install 'ckpt-tools[training] @ git+<its repository URL>' (README: Set up and run)"
             ) from None

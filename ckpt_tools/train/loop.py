@@ -26,8 +26,8 @@ from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
-from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.base import PreTrainedPolicy
+from ckpt_tools.train.policies.registry import make_policy
 from ckpt_tools.train.policies.size import require_fits
 from ckpt_tools.train.report.banner import banner_lines
 from ckpt_tools.train.report.metrics import MetricsWindow

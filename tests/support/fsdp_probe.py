@@ -33,8 +33,8 @@ def probe(env: Any, config: dict[str, Any]) -> dict[str, Any]:
     from ckpt_tools.train.config import FSDPConfig
     from ckpt_tools.train.parallel.precision import PrecisionPlan
     from ckpt_tools.train.parallel.wrap import parallelize
-    from ckpt_tools.train.policies import make_policy
     from ckpt_tools.train.policies.configs import ACTConfig
+    from ckpt_tools.train.policies.registry import make_policy
 
     fsdp = FSDPConfig(**config)
     torch.manual_seed(0)

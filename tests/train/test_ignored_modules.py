@@ -10,7 +10,8 @@ from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_
 from ckpt_tools.train.config import PeftConfig
 from ckpt_tools.train.parallel.peft_support import apply_lora
 from ckpt_tools.train.parallel.wrap import ignored_parameters, run_in_own_dtype
-from ckpt_tools.train.policies import ACTConfig, make_policy
+from ckpt_tools.train.policies.configs import ACTConfig
+from ckpt_tools.train.policies.registry import make_policy
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.errors import ConfigError
-from ckpt_tools.train.policies import ACTConfig, MLPConfig, TiedACTConfig, make_policy
+from ckpt_tools.train.policies.configs import ACTConfig, MLPConfig, TiedACTConfig
+from ckpt_tools.train.policies.registry import make_policy
 from ckpt_tools.train.policies.size import available_memory, estimate, require_fits
 from devtools.training import TINY, train
 from tests.train.test_train_startup import one_error_line, refused_in_process

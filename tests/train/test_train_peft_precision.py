@@ -191,7 +191,7 @@ def test_converted_adapter_loads_with_peft_and_reproduces_outputs(
     from peft import PeftModel
 
     from ckpt_tools.convert import convert_dcp
-    from ckpt_tools.train.policies import policy_from_pretrained
+    from ckpt_tools.train.policies.registry import policy_from_pretrained
 
     pm = step_dir(lora_runs["fsdp"], 4) / "pretrained_model"
     converted = tmp_path / "converted"

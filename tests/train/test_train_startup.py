@@ -17,8 +17,9 @@ from ckpt_tools.train.config import FSDPConfig, train_config_dict
 from ckpt_tools.train.env_guard import check_accelerate_env
 from ckpt_tools.train.parallel.wrap import root_only_warning, select_wrap_units
 from ckpt_tools.train.parsing import flag_names, parse_train_args, parse_train_config
-from ckpt_tools.train.policies import make_policy
 from ckpt_tools.train.policies.configs import ACTConfig
+from ckpt_tools.train.policies.registry import make_policy
+from devtools.procs import launch_env
 from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
 from tests.support.train_cli import exits_in_process, refused_in_process
 
@@ -489,3 +490,18 @@ def test_a_hostile_policy_config_is_one_line(
     flags = [a for a in TINY if not a.startswith("--policy.")]
     line = refused_in_process([*flags, f"--policy.path={policy}", f"--output_dir={tmp_path / 'out'}"], capsys)
     assert needle in line
+
+
+def test_a_command_line_refused_at_start_up_never_imports_torch() -> None:
+    """Start-up refusals are the common mistake; importing torch for them costs seconds of CPU each."""
+    program = (
+        "import sys\n"
+        "from ckpt_tools.train.cli import main\n"
+        "try:\n"
+        f"    main([*{list(TINY)!r}, '--accelerator.mixed_precision=fp8', '--output_dir=unused'])\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=launch_env())
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+    assert "choose no, bf16 or fp16" in proc.stderr

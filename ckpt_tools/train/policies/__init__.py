@@ -1,40 +1,5 @@
-"""Policy registry: ``--policy.type`` → (config class, module class)."""
+"""The policies ckpt-train builds: configs in ``configs``, modules and ``make_policy`` in ``registry``.
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from ckpt_tools.train.policies.act import ACTPolicy, TiedACTPolicy
-from ckpt_tools.train.policies.base import PreTrainedPolicy, load_policy_config, load_weights
-from ckpt_tools.train.policies.configs import ACTConfig, MLPConfig, PolicyConfig, TiedACTConfig
-from ckpt_tools.train.policies.mlp import MLPPolicy
-
-POLICY_CLASSES: dict[type[PolicyConfig], type[PreTrainedPolicy]] = {
-    ACTConfig: ACTPolicy,
-    TiedACTConfig: TiedACTPolicy,
-    MLPConfig: MLPPolicy,
-}
-
-
-def make_policy(config: PolicyConfig) -> PreTrainedPolicy:
-    return POLICY_CLASSES[type(config)](config)
-
-
-def policy_from_pretrained(directory: Path) -> PreTrainedPolicy:
-    """Rebuild a policy from ``config.json`` + ``model.safetensors`` (unsharded, fp32)."""
-    from ckpt_tools.format import layout
-
-    policy = make_policy(load_policy_config(directory))
-    load_weights(policy, directory / layout.MODEL_WEIGHTS)
-    return policy
-
-
-__all__ = [
-    "ACTConfig",
-    "MLPConfig",
-    "PolicyConfig",
-    "PreTrainedPolicy",
-    "TiedACTConfig",
-    "make_policy",
-    "policy_from_pretrained",
-]
+This package's ``__init__`` imports nothing, so that ``policies.configs`` (torch-free, what flag
+parsing needs) can be imported without torch.
+"""

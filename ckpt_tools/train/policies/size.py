@@ -75,7 +75,7 @@ def estimate(
     config: PolicyConfig, *, processes: int = 1, shards: int = 1, peft: bool = False, on_host: bool = True
 ) -> MemoryEstimate | None:
     """What ``config`` (state and action sizes filled in) will take on this host (None: the policy cannot say)."""
-    from ckpt_tools.train.policies import POLICY_CLASSES
+    from ckpt_tools.train.policies.registry import POLICY_CLASSES
 
     check_sizes(config)
     parameters = POLICY_CLASSES[type(config)].parameter_count(config)

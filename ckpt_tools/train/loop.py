@@ -14,7 +14,7 @@ import torch
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
-from ckpt_tools.format.rules.resume_output import saved_step_dir
+from ckpt_tools.format.rules.resume_output import new_run_refusal, saved_step_dir
 from ckpt_tools.train.checkpoint.manager import CheckpointManager
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
@@ -85,12 +85,10 @@ def build_policy(cfg: TrainConfig, dataset: RobotDataset) -> tuple[PreTrainedPol
 def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> None:
     dp_replicate, dp_shard = cfg.validate_for_world(env.world_size)
     topology = Topology(env.world_size, dp_replicate, dp_shard, env.nnodes)
-    checkpoints_root = Path(str(cfg.output_dir)) / layout.CHECKPOINTS_DIR
-    if resume_from is None and layout.list_step_dirs(checkpoints_root):
-        raise ConfigError(
-            f"--output_dir={cfg.output_dir}: already holds checkpoints; pass --resume=true"
-            " --config_path=... to continue, or choose another --output_dir"
-        )
+    same_resume_on_every_rank(env, resume_from)
+    refusal = new_run_refusal(Path(str(cfg.output_dir))) if resume_from is None else None
+    if refusal is not None:
+        raise ConfigError(refusal)
     state, dataset, counts = build_state(cfg, env, topology)
     manager = CheckpointManager(state)
     banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
@@ -301,6 +299,27 @@ def agree(env: DistEnv, decision: bool) -> bool:
     flag = torch.tensor([int(decision)], device=env.device)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
+
+
+def same_resume_on_every_rank(env: DistEnv, resume_from: Path | None) -> None:
+    """Collective: refuse, on every rank, a launch whose ranks chose different checkpoints (or none).
+
+    Each rank resolves ``--config_path`` / ``--resume=auto`` from the files before the process
+    group exists; on storage that is not shared, or not coherent across nodes, two ranks could
+    see different ``last`` links and restore different states without an error.
+    """
+    if not env.distributed:
+        return
+    import torch.distributed as dist
+
+    seen: list[str | None] = [None] * env.world_size
+    dist.all_gather_object(seen, None if resume_from is None else str(resume_from))
+    if len(set(seen)) > 1:
+        shown = ", ".join(f"rank {r}: {s or 'a new run'}" for r, s in enumerate(seen))
+        raise ConfigError(
+            f"the ranks do not agree on what to resume ({shown}); every rank must see the same --output_dir"
+            " (shared storage)"
+        )
 
 
 class SampleLog:

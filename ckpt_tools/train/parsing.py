@@ -24,12 +24,14 @@ import draccus
 from ckpt_tools.errors import CheckpointError, ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.policy_path import adapter_refusal
-from ckpt_tools.format.train_config import read_saved_config
+from ckpt_tools.format.rules.resume_output import auto_resume
+from ckpt_tools.format.train_config import absolute_path, read_saved_config
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 PASS_THROUGH = {"help", "h"}
+AUTO = "auto"  # --resume=auto: resume the output dir's `last` when there is one, else start a new run
 
 
 def _dataclass_of(tp: Any) -> Any:
@@ -182,6 +184,12 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
     _check_names(args)
     config_path = _pop(args, "config_path")
     resume = _truthy(_peek(args, "resume"))
+    if _is_auto(_peek(args, "resume")):
+        while _pop(args, "resume") is not None:  # the decision replaces the flag
+            pass
+        step_dir = _auto_resume(args, config_path, notes)
+        resume = step_dir is not None
+        config_path = str(step_dir) if step_dir is not None else config_path
     if resume:
         if config_path is None:
             raise ConfigError(
@@ -216,6 +224,34 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
     cfg = _draccus_parse(args, base)
     cfg.record_absolute_paths()
     return cfg, None
+
+
+def _is_auto(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == AUTO
+
+
+def _auto_resume(args: list[str], config_path: str | None, notes: list[str]) -> Path | None:
+    """``--resume=auto``: the checkpoint to resume (then read exactly as ``--resume=true`` reads it), or None.
+
+    The output dir is ``--output_dir``, else the one ``--config_path``'s file names (a job
+    script's config for a new run). With a checkpoint there, the resume is built from that
+    checkpoint's ``train_config.json`` - what the run that wrote it ran with - and the flags
+    given, as with ``--resume=true``; ``--config_path``'s file only serves a new run.
+    """
+    output_dir = _peek(args, "output_dir")
+    if output_dir is None and config_path is not None:
+        named = _read_config(Path(config_path)).get("output_dir")
+        output_dir = named if isinstance(named, str) and named else None
+    if output_dir is None:
+        raise ConfigError("--resume=auto needs --output_dir: the run it resumes, or starts when it has no checkpoint")
+    decision = auto_resume(Path(absolute_path(output_dir)))
+    if decision.refusal is not None:
+        raise ConfigError(decision.refusal)
+    line = decision.line
+    if decision.step_dir is not None and config_path is not None:
+        line += f" (its train_config.json and the flags given, not --config_path={config_path}, set the run)"
+    notes.append(line)
+    return decision.step_dir
 
 
 def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: str | None) -> dict[str, Any]:

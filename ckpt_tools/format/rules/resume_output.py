@@ -72,6 +72,49 @@ def check_output(step: StepPaths, record_step: int, output_dir: Path, *, overwri
     return OutputCheck(notices=tuple(notices))
 
 
+def new_run_refusal(output_dir: Path) -> str | None:
+    """Why a new run (no resume) must not start in ``output_dir``: it holds complete checkpoints.
+
+    Only complete step dirs count; anything else a run leaves before its first save is kept
+    and appended to, or replaced where it is an unfinished save (never a checkpoint).
+    """
+    if not layout.list_step_dirs(output_dir / layout.CHECKPOINTS_DIR):
+        return None
+    return (
+        f"--output_dir={output_dir}: already holds checkpoints; pass --resume=true"
+        " --config_path=... to continue, or choose another --output_dir"
+    )
+
+
+@dataclass(frozen=True)
+class AutoResume:
+    """What ``--resume=auto`` does in an output dir: resume ``step_dir``, or (None) start a new run."""
+
+    step_dir: Path | None
+    line: str  # the one line the run says at start-up
+    refusal: str | None = None
+
+
+def auto_resume(output_dir: Path) -> AutoResume:
+    """``--resume=auto``: the step ``<output_dir>/checkpoints/last`` points at, else a new run.
+
+    Read from the files alone, so every rank reading the same (shared) output dir decides the
+    same; the trainer checks that they did once the process group exists. Complete step dirs
+    without a usable ``last`` are refused as a new run into them is: which one to continue is
+    the user's choice (``--resume=true``), not a guess.
+    """
+    root = output_dir / layout.CHECKPOINTS_DIR
+    last = layout.resolve_last(root)
+    if last is not None:
+        step = StepPaths(last).step
+        shown = last.name if step is None else str(step)
+        return AutoResume(last, f"--resume=auto: resuming automatically from step {shown} ({last}), {root}'s last")
+    refusal = new_run_refusal(output_dir)
+    if refusal is not None:
+        return AutoResume(None, "", f"--resume=auto: {root} has no usable {layout.LAST_LINK}; {refusal}")
+    return AutoResume(None, f"--resume=auto: no complete checkpoint in {root}: starting a new run")
+
+
 def saved_step_dir(output_dir: Path, step: int) -> Path | None:
     """The complete checkpoint of ``step`` in ``output_dir`` (None: there is none)."""
     return next((p for p in layout.list_step_dirs(output_dir / layout.CHECKPOINTS_DIR) if int(p.name) == step), None)

@@ -62,10 +62,16 @@ def refuse_if_in_process_only(program: str) -> None:
         )
 
 
-def torchrun_command(program: str, args: Sequence[str], nproc: int) -> list[str]:
-    """``torchrun --standalone --nproc-per-node=NPROC PROGRAM ARGS`` (through this interpreter)."""
+def torchrun_command(program: str, args: Sequence[str], nproc: int, max_restarts: int = 0) -> list[str]:
+    """``torchrun --standalone --nproc-per-node=NPROC [--max-restarts=K] PROGRAM ARGS`` (through this interpreter).
+
+    With ``max_restarts`` torchrun relaunches every worker (up to K times) when one fails, as a
+    job script that relies on ``--resume=auto`` does.
+    """
     refuse_if_in_process_only(program)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", program, *args]
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *restarts]
+    return [*launcher, program, *args]
 
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -52,18 +52,19 @@ def train(
     )
 
 
-def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train") -> list[str]:
+def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train", max_restarts: int = 0) -> list[str]:
     """``ckpt-train ARGS`` (or another console script ``entry``), under ``torchrun --standalone`` when ``nproc`` > 1."""
     program = script(entry)
     if nproc > 1:
-        return torchrun_command(program, args, nproc)
+        return torchrun_command(program, args, nproc, max_restarts)
     refuse_if_in_process_only(program)
     return [program, *args]
 
 
-def start_train(args: Sequence[str], nproc: int = 1, **popen: Any) -> subprocess.Popen[Any]:
+def start_train(args: Sequence[str], nproc: int = 1, max_restarts: int = 0, **popen: Any) -> subprocess.Popen[Any]:
     """Start ckpt-train without waiting (for tests that signal or kill it mid-run)."""
-    return subprocess.Popen(train_command(args, nproc), env=train_env(popen.pop("env", None)), **popen)
+    command = train_command(args, nproc, max_restarts=max_restarts)
+    return subprocess.Popen(command, env=train_env(popen.pop("env", None)), **popen)
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

@@ -112,11 +112,11 @@ class Job:
             self.proc.wait()
 
 
-def launch(args: list[str], nproc: int, logs: Path, name: str, preexec: Any = None) -> Job:
+def launch(args: list[str], nproc: int, logs: Path, name: str, preexec: Any = None, max_restarts: int = 0) -> Job:
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:  # every config is multi-process: torchrun
-        proc = start_train(args, nproc, stdout=out, stderr=err, preexec_fn=preexec)
+        proc = start_train(args, nproc, max_restarts, stdout=out, stderr=err, preexec_fn=preexec)
     return Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
 
 

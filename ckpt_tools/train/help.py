@@ -26,6 +26,7 @@ USAGE = """\
 usage: ckpt-train --dataset.root=DIR --policy.type=act --output_dir=DIR [--flag=value ...]
        torchrun --nproc-per-node=N $(which ckpt-train) ... [--parallelism.dp_shard=N ...]
        ckpt-train --resume=true --config_path=OUTPUT_DIR/checkpoints/last [--flag=value ...]
+       torchrun --max-restarts=K ... $(which ckpt-train) --resume=auto --output_dir=DIR [--flag=value ...]
 
 Train a policy with DDP, FSDP2 or HSDP (one process, or launched by torchrun or accelerate
 launch), in LeRobot's flag spelling: --group.field=value. pretrained_model/train_config.json
@@ -48,8 +49,10 @@ FLAG_HELP: dict[str, str] = {
     " DCP shards (pytorch_model_fsdp_0/), or both. A non-sharded run always saves safetensors.",
     "checkpoint_async": "Stage the state to host memory and write the checkpoint in the background while"
     " training goes on (at most one save in flight; the same atomic commit and `last` rule).",
-    "resume": "Continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler, RNG"
-    " and data position, resharded onto this launch's topology.",
+    "resume": "true: continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler,"
+    " RNG and data position, resharded onto this launch's topology. auto: resume --output_dir's"
+    " checkpoints/last (checked as true checks it) if there is one, else start a new run - the same"
+    " command for the first launch and every torchrun --max-restarts relaunch (docs/resume.md).",
     "overwrite_checkpoints": "Let a resume save over the checkpoints after the step it resumes from"
     " (refused otherwise). Never carried over by a later resume.",
     "progress_bar": "Show a tqdm progress bar on the main rank.",
@@ -60,7 +63,9 @@ FLAG_HELP: dict[str, str] = {
     "max_nonfinite_steps": "Optimizer updates the run may skip because the loss (or, without a loss"
     " scaler, the gradient norm) is NaN or infinite; the next one stops it with exit code 7.",
     "config_path": "With --resume=true: the checkpoint to resume (its train_config.json, pretrained_model/,"
-    " step dir, `last`, checkpoints/ or run dir). Without: a train_config.json whose values the flags override.",
+    " step dir, `last`, checkpoints/ or run dir). Without: a train_config.json whose values the flags override."
+    " With --resume=auto: the config of a new run (and the output dir, unless --output_dir is given); a found"
+    " checkpoint resumes from its own train_config.json.",
     # dataset
     "dataset.repo_id": "A Hub dataset (user/name), resolved through the Hugging Face cache (works offline"
     " with HF_HUB_OFFLINE=1 once cached). This or --dataset.root is required.",
@@ -147,6 +152,7 @@ DEFAULT_TEXT: dict[str, str] = {
 }
 
 CHOICES: dict[str, Sequence[str]] = {
+    "resume": ("true", "false", "auto"),
     "checkpoint_format": startup.CHECKPOINT_FORMATS,
     "policy.type": tuple(sorted(PolicyConfig.get_known_choices())),
     "optimizer.type": startup.OPTIMIZER_TYPES,

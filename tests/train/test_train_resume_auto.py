@@ -92,7 +92,7 @@ def test_auto_resumes_last_exactly_as_resume_true(runs: dict[str, Path], tmp_pat
     explicit = parse_train_args(["--resume=true", f"--config_path={run / 'checkpoints' / 'last'}", "--steps=8"])
     assert auto.resume_from == explicit.resume_from == step_dir(run, 4).resolve()
     assert auto.cfg.resume and train_config_dict(auto.cfg) == train_config_dict(explicit.cfg)
-    line = f"--resume=auto: resuming automatically from step 4 ({step_dir(run, 4).resolve()})"
+    line = f"--resume=auto: resuming automatically from step 4 ({step_dir(run, 4).resolve()}, where"
     assert any(note.startswith(line) for note in auto.notes), auto.notes
     # --config_path is the job's config for a new run; with a checkpoint the checkpoint's config rules.
     job = tmp_path / "job.json"
@@ -113,10 +113,12 @@ def test_auto_applies_the_same_resume_checks(
     explicit = refused_in_process(["--resume=true", f"--config_path={run / 'checkpoints' / 'last'}"], capsys, 3)
     assert refused_in_process([AUTO, f"--output_dir={run}"], capsys, 3) == explicit
     record.write_text(good)
-    point_last(run, 4)  # a resume that would save over 000008
+    # A resume that would save over newer step dirs (two: one alone after `last` is a cut-off commit).
+    shutil.copytree(step_dir(run, 8), step_dir(run, 12))
+    point_last(run, 4)
     explicit = refused_in_process(["--resume=true", f"--config_path={run / 'checkpoints' / 'last'}"], capsys)
     assert refused_in_process([AUTO, f"--output_dir={run}"], capsys) == explicit
-    assert "holds checkpoints after step 4 (000008)" in explicit
+    assert "holds checkpoints after step 4 (000008, 000012)" in explicit
 
 
 def test_auto_refuses_checkpoints_without_a_usable_last(

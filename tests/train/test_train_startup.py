@@ -218,7 +218,7 @@ def test_help_describes_every_flag_with_its_choices_and_default(capsys: pytest.C
         "accelerator.mixed_precision": MIXED_PRECISION_CHOICES,
         "accelerator.fsdp.mixed_precision_policy.param_dtype": POLICY_DTYPES,
         "scheduler.type": ("cosine", "constant"),
-        "resume": ("true", "false"),
+        "resume": ("true", "false", "auto"),
     }
     for name, values in choices.items():
         assert blocks[name].startswith("{" + ",".join(values) + "}"), name

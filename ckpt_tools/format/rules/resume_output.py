@@ -108,7 +108,10 @@ def auto_resume(output_dir: Path) -> AutoResume:
     if last is not None:
         step = StepPaths(last).step
         shown = last.name if step is None else str(step)
-        return AutoResume(last, f"--resume=auto: resuming automatically from step {shown} ({last}), {root}'s last")
+        line = (
+            f"--resume=auto: resuming automatically from step {shown} ({last}, where {root / layout.LAST_LINK} points)"
+        )
+        return AutoResume(last, line)
     refusal = new_run_refusal(output_dir)
     if refusal is not None:
         return AutoResume(None, "", f"--resume=auto: {root} has no usable {layout.LAST_LINK}; {refusal}")

@@ -43,10 +43,11 @@ def main(argv: list[str] | None = None) -> None:
 
             print(render_help(), end="")
             sys.exit(0)
-        from ckpt_tools.train.env_guard import check_accelerate_env, check_launcher_env
+        from ckpt_tools.train.env_guard import check_accelerate_env, check_launcher_env, check_restart_env
         from ckpt_tools.train.parsing import parse_train_args
 
         check_launcher_env(os.environ)
+        check_restart_env(os.environ)
         acknowledged = check_accelerate_env(os.environ)
         parsed = parse_train_args(args)
         cfg, resume_from = parsed.cfg, parsed.resume_from

@@ -31,6 +31,28 @@ def env_rank(env: Mapping[str, str] | None = None) -> int:
     return int((os.environ if env is None else env).get("RANK", "0"))
 
 
+SHARED_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def check_restart_env(env: Mapping[str, str]) -> None:
+    """Refuse ``torchrun --max-restarts=K`` while the workers share the agent's rendezvous store.
+
+    torchrun (since torch 2.5) hands its workers its own TCP store, and a relaunch after a
+    failure finds the previous launch's process-group keys in it: the relaunched workers
+    connect to the dead workers' addresses and hang in ``init_process_group`` (gloo; NCCL
+    fails alike, pytorch/pytorch#135712). The first launch would run, and every restart hang
+    until the collective timeout. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, exported before
+    torchrun, gives each launch a fresh store (rank 0 hosts it, as before torch 2.5).
+    """
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts.isdigit() and int(restarts) > 0:
+        raise ConfigError(
+            f"torchrun --max-restarts={restarts}: the relaunched workers would hang in init_process_group on the"
+            f" rendezvous store torchrun shares with them (pytorch/pytorch#135712); export {SHARED_STORE_OFF}=1"
+            " before torchrun"
+        )
+
+
 def check_launcher_env(env: Mapping[str, str]) -> None:
     """Refuse a process told where the rendezvous is (``MASTER_ADDR``) but not its rank or world size.
 

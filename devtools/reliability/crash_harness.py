@@ -112,11 +112,19 @@ class Job:
             self.proc.wait()
 
 
-def launch(args: list[str], nproc: int, logs: Path, name: str, preexec: Any = None, max_restarts: int = 0) -> Job:
+def launch(
+    args: list[str],
+    nproc: int,
+    logs: Path,
+    name: str,
+    preexec: Any = None,
+    max_restarts: int = 0,
+    env: dict[str, str] | None = None,
+) -> Job:
     logs.mkdir(parents=True, exist_ok=True)
     stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:  # every config is multi-process: torchrun
-        proc = start_train(args, nproc, max_restarts, stdout=out, stderr=err, preexec_fn=preexec)
+        proc = start_train(args, nproc, max_restarts, stdout=out, stderr=err, preexec_fn=preexec, env=env)
     return Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
 
 

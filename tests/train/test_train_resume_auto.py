@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.errors import ConfigError
 from ckpt_tools.format.rules.resume_output import new_run_refusal
+from ckpt_tools.train.env_guard import SHARED_STORE_OFF, check_restart_env
 from devtools.reliability import crash_harness
 from devtools.training import TINY, assert_tensors_equal, gathered_weights, step_dir
 from tests.conftest import RUN
@@ -146,6 +148,15 @@ def test_auto_of_a_finished_run_has_nothing_to_do(
 # ---------------------------------------------------------------------- under torchrun --max-restarts
 
 
+def test_restarts_on_torchruns_shared_store_are_refused() -> None:
+    """What torchrun exports to a worker of ``--max-restarts=3`` on its shared store: refused, naming the fix."""
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "0"}
+    with pytest.raises(ConfigError, match=f"--max-restarts=3: .* export {SHARED_STORE_OFF}=1 before torchrun"):
+        check_restart_env(shared)
+    check_restart_env({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"})  # the fix: a store per launch
+    check_restart_env({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"})  # no relaunch, nothing to hang
+
+
 def test_a_worker_killed_after_the_first_checkpoint_is_relaunched_and_resumes(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -153,7 +164,9 @@ def test_a_worker_killed_after_the_first_checkpoint_is_relaunched_and_resumes(
     out = tmp_path / "out"
     root = out / "checkpoints"
     # The flags of runs["ddp"] (its uninterrupted reference), plus --resume=auto.
-    job = crash_harness.launch([*RUN, AUTO, f"--output_dir={out}"], 2, tmp_path / "logs", "auto", max_restarts=1)
+    restartable = {SHARED_STORE_OFF: "1"}  # what the refusal below asks a job script for
+    args = [*RUN, AUTO, f"--output_dir={out}"]
+    job = crash_harness.launch(args, 2, tmp_path / "logs", "auto", max_restarts=1, env=restartable)
     try:
         deadline = time.monotonic() + crash_harness.LAUNCH_DEADLINE_S
         while crash_harness.last_step(root) is None and job.poll() is None and time.monotonic() < deadline:

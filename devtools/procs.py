@@ -74,6 +74,43 @@ def torchrun_command(program: str, args: Sequence[str], nproc: int, max_restarts
     return [*launcher, program, *args]
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now, on 127.0.0.1 (for a rendezvous endpoint)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def multinode_torchrun_commands(
+    program: str, args: Sequence[str], nnodes: int, nproc_per_node: int, port: int, max_restarts: int = 0
+) -> list[list[str]]:
+    """One ``torchrun`` agent per "node", all on this machine, meeting at a c10d rendezvous on 127.0.0.1:PORT.
+
+    This is the multi-node launch users type on each machine (``--nnodes --node-rank
+    --rdzv-backend=c10d --rdzv-endpoint``), with loopback standing in for the network.
+    """
+    refuse_if_in_process_only(program)
+    return [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--node-rank={node}",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=ckpt-tests",
+            f"--max-restarts={max_restarts}",
+            program,
+            *args,
+        ]
+        for node in range(nnodes)
+    ]
+
+
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a launched job: this checkout first on the path, one BLAS thread per process."""
     env = dict(os.environ)

@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from devtools.procs import REPO, kill_tree, launch_env, refuse_if_in_process_only, script, torchrun_command
+from devtools.procs import (
+    REPO,
+    free_port,
+    kill_tree,
+    launch_env,
+    multinode_torchrun_commands,
+    refuse_if_in_process_only,
+    script,
+    torchrun_command,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +68,28 @@ def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train"
         return torchrun_command(program, args, nproc, max_restarts)
     refuse_if_in_process_only(program)
     return [program, *args]
+
+
+def train_multinode(
+    *args: str, nnodes: int = 2, nproc_per_node: int = 2, env: dict[str, str] | None = None, timeout: float = 300
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ckpt-train as ``nnodes`` torchrun agents on loopback (one per "node"); one result per agent."""
+    commands = multinode_torchrun_commands(script("ckpt-train"), args, nnodes, nproc_per_node, free_port())
+    agents = [
+        subprocess.Popen(cmd, env=train_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cmd in commands
+    ]
+    results = []
+    deadline = time.monotonic() + timeout
+    try:
+        for cmd, agent in zip(commands, agents, strict=True):
+            out, err = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append(subprocess.CompletedProcess(cmd, agent.returncode, out, err))
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                kill_tree(agent.pid)
+    return results
 
 
 def start_train(args: Sequence[str], nproc: int = 1, max_restarts: int = 0, **popen: Any) -> subprocess.Popen[Any]:

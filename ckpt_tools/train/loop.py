@@ -24,6 +24,7 @@ from ckpt_tools.train.data.sampler import GlobalOrderSampler
 from ckpt_tools.train.nonfinite import NonFiniteGuard
 from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.groups import mesh_groups
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies.base import PreTrainedPolicy
@@ -92,6 +93,8 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     state, dataset, counts = build_state(cfg, env, topology)
     manager = CheckpointManager(state)
     banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
+    if env.distributed:
+        banner.append(f"  groups      {mesh_groups(env, state.parallel.mesh).describe()}")
     for line in banner:
         log(env, line)
     for warning in state.parallel.warnings:

@@ -26,6 +26,8 @@ LAUNCHERS: tuple[Any, ...] = (
     training.train_command,
     training.start_train,
     training.kill_during_save,
+    training.train_multinode,
+    procs.multinode_torchrun_commands,
     procs.torchrun_command,
     fuzz_runner.run_train_case,
     crash_harness,  # every trial of the crash harness is a torchrun job

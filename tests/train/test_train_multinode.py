@@ -1,0 +1,74 @@
+"""Multi-node runs on torchrun's c10d rendezvous: two agents on loopback stand in for two machines.
+
+HSDP across nodes is the layout that matters: dp_replicate=2 across the nodes, dp_shard=2 inside
+each, so the shard collectives (all-gather, reduce-scatter) stay node-local and only the replica
+all-reduce crosses. The two-node run must equal the one-node run of the same flags bit for bit
+(the session fixture ``runs["hsdp"]``: 4 workers on one agent), record its node count, and agree
+with what ``reshard-plan --nnodes`` predicts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ckpt_tools.format.record import read_training_step
+from devtools.procs import run_cli
+from devtools.training import assert_tensors_equal, dcp_to_dict, step_dir, train_multinode
+from tests.conftest import RUN
+
+HSDP = ["--batch_size=4", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"]
+
+
+def _groups_line(stdout: str) -> str:
+    (line,) = [line for line in stdout.splitlines() if line.strip().startswith("groups")]
+    return line
+
+
+def test_hsdp_across_two_nodes_equals_one_node_and_keeps_shard_groups_local(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "two-nodes"
+    agents = train_multinode(*RUN, *HSDP, f"--output_dir={out}", nnodes=2, nproc_per_node=2)
+    for agent in agents:
+        assert agent.returncode == 0, agent.stderr[-3000:]
+    stdout = "".join(agent.stdout for agent in agents)
+    # Measured from the mesh and each rank's GROUP_RANK: rows of the mesh are the shard groups.
+    groups = _groups_line(stdout)
+    assert "dp_replicate [[0, 2], [1, 3]] crosses nodes" in groups, groups
+    assert "dp_shard [[0, 1], [2, 3]] node-local" in groups, groups
+    assert "(2 nodes: [0, 1] [2, 3])" in groups, groups
+    one_node = _groups_line((runs["hsdp"].parent / "hsdp.stdout").read_text())
+    assert "(1 node: [0, 1, 2, 3])" in one_node and "crosses" not in one_node, one_node
+
+    final = step_dir(out, 8)
+    record = read_training_step(final / "training_state" / "training_step.json")
+    assert record.topology is not None and record.topology.nnodes == 2
+    assert record.topology.describe() == "HSDP over 2×2 (dp_replicate×dp_shard), 2 nodes"
+    model = "pretrained_model/pytorch_model_fsdp_0"
+    optimizer = "training_state/optimizer_0"
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    for part in (model, optimizer):
+        two = dcp_to_dict(final / part, tmp_path / "two")
+        one = dcp_to_dict(step_dir(runs["hsdp"], 8) / part, tmp_path / "one")
+        assert_tensors_equal(_flat(two), _flat(one))
+
+    plan = run_cli("reshard-plan", str(final), "--nproc", "4", "--nnodes", "2", "--json")
+    assert plan.returncode == 0, plan.stderr
+    notes = json.dumps(json.loads(plan.stdout))
+    assert "each dp_shard group (2 ranks) stays inside one node of 2 processes" in notes, notes
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """Every leaf of a nested state dict by its dotted path: tensors as they are, other values by repr."""
+    import torch
+
+    out: dict = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, torch.Tensor) else torch.tensor(list(repr(value).encode()))
+    return out

@@ -27,9 +27,9 @@ def test_sigkill_at_random_moments_of_saves_never_breaks_last(tmp_path: Path) ->
     # deterministically by tests/reliability/test_train_crash.py, and bin/reliability-report
     # runs random kills over every layout and format.
     chain = H.Chain(tmp_path / "run", "fsdp-dcp", True, 12)
-    trials = list(H.kill_trials(chain, 2))
+    trials = list(H.kill_trials(chain, 1))  # bin/reliability-report chains many kills
     H.finish_chain(chain)
-    assert len(trials) == 2 and all(t.injected for t in trials), [t.landed for t in trials]
+    assert len(trials) == 1 and all(t.injected for t in trials), [t.landed for t in trials]
     _clean(chain.trials)
     assert all(t.resumed for t in chain.trials)  # each kill's last was resumed, the final one to completion
     assert all(t.exit_code != 0 for t in trials)

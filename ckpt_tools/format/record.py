@@ -215,6 +215,7 @@ class TrainingStep:
             out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         if self.topology is not None:
             out["topology"]["layout"] = self.topology.layout.value
+            out["parallelism"] = lerobot_parallelism(self.topology)
         if self.batch is not None:
             out["effective_batch_size"] = self.batch.effective_batch_size
         return out
@@ -233,6 +234,8 @@ class TrainingStep:
         known = {f.name for f in fields(cls)} | {"effective_batch_size", "num_processes", "parallelism"}
         legacy = _int(data, "num_processes") if "num_processes" in data else None
         topology = _topology(data.get("topology")) if schema is RecordSchema.CKPT_TRAIN else _parallelism(data)
+        if schema is RecordSchema.CKPT_TRAIN and "parallelism" in data:
+            _same_mesh(topology, _parallelism(data))
         dp_world_size = _int(data, "dp_world_size")
         if dp_world_size is None:
             dp_world_size = topology.dp_world_size if topology is not None else legacy
@@ -393,6 +396,25 @@ def _topology(value: Any) -> Topology | None:
     if r * s != world:
         raise CheckpointError(f"training_step.json: topology dp_replicate×dp_shard = {r}×{s} ≠ world_size {world}")
     return Topology(world_size=world, dp_replicate=r, dp_shard=s, nnodes=_int(data, "nnodes"))
+
+
+def lerobot_parallelism(topology: Topology) -> dict[str, int]:
+    """LeRobot main's ``parallelism`` snapshot of a topology, written next to ours so LeRobot reads it.
+
+    ckpt-train has no context parallelism: its ring and Ulysses degrees are always 1.
+    """
+    return {"dp_replicate": topology.dp_replicate, "dp_shard": topology.dp_shard, "ring_degree": 1, "ulysses_degree": 1}
+
+
+def _same_mesh(topology: Topology | None, snapshot: Topology | None) -> None:
+    """A ckpt-train record's LeRobot ``parallelism`` must say the mesh its ``topology`` says."""
+    if topology is None or snapshot is None:
+        return
+    if (topology.dp_replicate, topology.dp_shard) != (snapshot.dp_replicate, snapshot.dp_shard):
+        raise CheckpointError(
+            f"training_step.json: 'parallelism' {snapshot.dp_replicate}×{snapshot.dp_shard} disagrees with"
+            f" 'topology' {topology.dp_replicate}×{topology.dp_shard}"
+        )
 
 
 def _parallelism(data: dict[str, Any]) -> Topology | None:

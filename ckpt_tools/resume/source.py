@@ -18,6 +18,7 @@ from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import lerobot, manifest
+from ckpt_tools.format.param_groups import position_names, split_flat_key
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.policy_path import locate_policy
 from ckpt_tools.format.record import TrainingStep
@@ -211,10 +212,14 @@ def _optimizer_state(optimizer: Container) -> dict[str, dict[str, SavedTensor]]:
                 spec = SavedTensor(name, entry.shape, entry.dtype, entry.itemsize or 0, entry.fqn)
                 out.setdefault(name, {})[slot] = spec
     elif optimizer.header is not None:
+        try:
+            names = position_names(optimizer.header.metadata, optimizer.header.path)
+        except CkptError:
+            names = None  # the optimizer-coverage check reports it
         for key, spec in _header_specs(optimizer.header).items():
             # Split exactly as the loader does: a key it cannot place (no "state." prefix, an
             # unknown parameter) shows up as state of a name the param groups do not list.
-            name, slot = L.split_flat_optimizer_key(key)
+            name, slot = split_flat_key(key, names)
             out.setdefault(name, {})[slot] = SavedTensor(name, spec.shape, spec.dtype, spec.itemsize, key)
     return out
 

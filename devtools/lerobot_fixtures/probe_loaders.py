@@ -9,7 +9,8 @@ build uses the closest stand-in and says so.
 Stand-ins, when LeRobot cannot build the policy from ``config.json`` (checkpoints written by
 another trainer): the optimizer is LeRobot's ``AdamWConfig(...).build(...)`` over a module that
 has the checkpoint's own parameter names and shapes (from ``model.safetensors`` or the DCP model
-metadata; parameters in the order ``optimizer_param_groups.json`` lists them when it lists names),
+metadata; parameters in the order ``optimizer_param_groups.json`` lists them when it lists names,
+or ckpt-train's names by position from the ``optimizer_state.safetensors`` metadata),
 so the loaders are exercised on exactly the tensors the checkpoint describes.
 
     python probe_loaders.py STEP_DIR              # single process: every file-level loader
@@ -127,7 +128,21 @@ def saved_param_names(ts: Path) -> list[str] | None:
     if isinstance(groups, dict):
         groups = groups.get("param_groups", [])
     names = [p for g in groups for p in g.get("params", [])]
-    return names if names and all(isinstance(n, str) for n in names) else None
+    if names and all(isinstance(n, str) for n in names):
+        return names
+    return metadata_param_names(ts)
+
+
+def metadata_param_names(ts: Path) -> list[str] | None:
+    """Names by position a ckpt-train checkpoint keeps in optimizer_state.safetensors' metadata (None: none)."""
+    from safetensors import safe_open
+
+    path = ts / "optimizer_state.safetensors"
+    if not path.is_file():
+        return None
+    with safe_open(str(path), "pt") as f:
+        text = (f.metadata() or {}).get("ckpt_tools.param_names")
+    return json.loads(text) if text else None
 
 
 def saved_lr(ts: Path) -> float:

@@ -33,6 +33,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.param_groups import position_names, split_flat_key
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -168,9 +169,13 @@ def _flat_steps(file: Path) -> dict[str, float]:
     header = read_header(file)
     if header.problems:
         return {}
+    try:
+        by_position = position_names(header.metadata, file)
+    except CkptError:
+        return {}  # the optimizer check reports it
     names = {}
     for key in header.entries:
-        param, slot = L.split_flat_optimizer_key(key)
+        param, slot = split_flat_key(key, by_position)
         if slot == "step":
             names[key] = param
     values = read_scalars(header, list(names))

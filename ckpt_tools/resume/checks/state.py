@@ -23,7 +23,7 @@ from pathlib import Path
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import lerobot, manifest
-from ckpt_tools.format.param_groups import read_param_groups
+from ckpt_tools.format.param_groups import metadata_scalars, position_names, read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer
@@ -200,8 +200,11 @@ def _optimizer(source: ResumeSource, target: ResumeTarget | None = None) -> list
 def _flat_groups(source: ResumeSource, optimizer: Container, *, lerobot_form: bool = False) -> Check | None:
     """``optimizer_param_groups.json`` names every parameter that has state (the loader splits keys by it)."""
     path = source.paths.optimizer_param_groups
+    header = optimizer.header
     try:
-        names = set(read_param_groups(path, lerobot_form=lerobot_form).names)
+        by_position = position_names(header.metadata, header.path) if header is not None else None
+        scalars = metadata_scalars(header.metadata, header.path) if header is not None else None
+        names = set(read_param_groups(path, names=by_position, scalars=scalars, lerobot_form=lerobot_form).names)
     except CkptError as e:
         return Check.fail("optimizer-coverage", str(e))  # the line the trainer's load stops with
     unknown = sorted(n for n in source.optimizer_state if n not in names)

@@ -3,8 +3,8 @@
 - sharded (DTensor) state dicts for DCP, which reshards on load onto any topology;
 - full (gathered, fp32) state dicts, only to load a ``model.safetensors`` (saving writes it from the shards);
 - flat files for non-sharded runs (``optimizer_state.safetensors`` +
-  ``optimizer_param_groups.json``), keyed by parameter name so they also load into a
-  sharded run.
+  ``optimizer_param_groups.json``) in LeRobot's form, keyed by position, with the names by
+  position in the safetensors metadata so they also load into a sharded run.
 
 A PEFT run keeps only its trainable parameters (the adapter and any fully trained
 modules): the frozen base is never written.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -26,8 +26,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.format.layout import flat_optimizer_key, split_flat_optimizer_key
-from ckpt_tools.format.param_groups import param_groups_document, read_param_groups
+from ckpt_tools.format.param_groups import (
+    flat_optimizer_files,
+    metadata_scalars,
+    position_names,
+    read_param_groups,
+    split_flat_key,
+)
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.safetensors_io import save_state_dict
@@ -76,46 +81,42 @@ def adam_step(optimizer: torch.optim.Optimizer) -> int | None:
 
 
 def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: Path) -> None:
-    """Non-sharded runs: tensors in safetensors (``state.<param>.<key>``), groups in JSON.
+    """Non-sharded runs: LeRobot's two files (:mod:`ckpt_tools.format.param_groups`), names in the metadata.
 
-    ``osd`` is ``get_optimizer_state_dict`` output: keyed by parameter name, so the file also
-    loads into a sharded run.
+    ``osd`` is ``get_optimizer_state_dict`` output, keyed by parameter name; the names by
+    position travel in the safetensors metadata, so the state also loads into a sharded run.
     """
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, Any] = {}
-    for param_name, entries in osd["state"].items():
-        for key, value in entries.items():
-            flat = flat_optimizer_key(param_name, key)
-            if isinstance(value, torch.Tensor):
-                tensors[flat] = value
-            else:
-                scalars[flat] = value
-    save_state_dict(tensors, tensors_path)
-    write_json_atomic(groups_path, param_groups_document(osd["param_groups"], scalars))
+    groups, tensors, metadata = flat_optimizer_files(osd["param_groups"], osd["state"])
+    save_state_dict(tensors, tensors_path, metadata=metadata)
+    write_json_atomic(groups_path, groups)
 
 
 def load_flat_optimizer(
     parallel: ParallelModel, optimizer: torch.optim.Optimizer, tensors_path: Path, groups_path: Path
 ) -> None:
-    groups = read_param_groups(groups_path)  # CheckpointError: one line naming the file
     try:
-        tensors = load_file(str(tensors_path))
+        with safe_open(str(tensors_path), "pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
     except FileNotFoundError as e:
-        raise CheckpointError(f"{e.filename}: missing") from None
+        raise CheckpointError(f"{e.filename or tensors_path}: missing") from None
     except Exception as e:  # damaged safetensors
         raise CheckpointError(f"{tensors_path.parent}: unreadable optimizer state ({e})") from None
+    names = position_names(metadata, tensors_path)
+    # CheckpointError: one line naming the file
+    groups = read_param_groups(groups_path, names=names, scalars=metadata_scalars(metadata, tensors_path))
     param_names = groups.names
     state: dict[str, dict[str, Any]] = {n: {} for n in param_names}
     for flat, value in list(tensors.items()) + list(groups.scalars.items()):
-        name, key = _split_flat(flat, param_names)
+        name, key = _split_flat(flat, param_names, names)
         state[name][key] = value
     osd = {"state": {k: v for k, v in state.items() if v}, "param_groups": groups.groups}
     set_optimizer_state_dict(parallel.inner, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 
-def _split_flat(flat: str, param_names: list[str]) -> tuple[str, str]:
+def _split_flat(flat: str, param_names: list[str], by_position: list[str] | None) -> tuple[str, str]:
     """(parameter, slot) of a flat key, refusing state of a parameter the param groups do not list."""
-    name, key = split_flat_optimizer_key(flat)
+    name, key = split_flat_key(flat, by_position)
     if name not in param_names:
         raise CheckpointError(f"optimizer state names an unknown parameter: {name}")
     return name, key

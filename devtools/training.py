@@ -142,6 +142,28 @@ def dcp_to_dict(dcp_dir: Path, tmp: Path) -> dict[str, Any]:
     return torch.load(out, weights_only=False)
 
 
+def flat_optimizer_by_name(step: Path) -> dict[str, torch.Tensor]:
+    """A flat ``optimizer_state.safetensors`` as ``state.<name>.<slot>`` (positions mapped by its names metadata)."""
+    from safetensors import safe_open
+
+    from ckpt_tools.format.param_groups import position_names, split_flat_key
+
+    path = step / "training_state" / "optimizer_state.safetensors"
+    with safe_open(str(path), "pt") as f:
+        names = position_names(f.metadata() or {}, path)
+        out = {}
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            name, slot = split_flat_key(key, names)
+            out[f"state.{name}.{slot}"] = f.get_tensor(key)
+    return out
+
+
+def dcp_optimizer_by_name(dcp_dir: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """A DCP ``optimizer_0/`` as ``state.<name>.<slot>``, comparable with :func:`flat_optimizer_by_name`."""
+    osd = dcp_to_dict(dcp_dir, tmp)["optimizer"]
+    return {f"state.{name}.{k}": v for name, slots in osd["state"].items() for k, v in slots.items()}
+
+
 def assert_tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     import torch
 

@@ -47,9 +47,11 @@ OPTIMIZER_DCP_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + "_0"
 OPTIMIZER_DCP_KEY = "optimizer"
 OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
 OPTIMIZER_STATE = "optimizer_state.safetensors"
-FLAT_OPTIMIZER_PREFIX = "state."  # OPTIMIZER_STATE keys: state.<parameter name>.<slot>
-# LeRobot's OPTIMIZER_STATE keys: state/<position or parameter name>/<slot> (flatten_dict, sep "/";
-# ckpt_tools.format.lerobot says which LeRobot writes which).
+# OPTIMIZER_STATE keys ckpt-train wrote before it wrote LeRobot's (read only): state.<parameter name>.<slot>
+FLAT_OPTIMIZER_PREFIX = "state."
+# LeRobot's OPTIMIZER_STATE keys, which ckpt-train writes too: state/<position or parameter name>/<slot>
+# (flatten_dict, sep "/"; ckpt_tools.format.lerobot says which LeRobot writes which,
+# ckpt_tools.format.param_groups how ckpt-train maps positions to names).
 LEROBOT_OPTIMIZER_SEP = "/"
 LEROBOT_OPTIMIZER_PREFIX = "state" + LEROBOT_OPTIMIZER_SEP
 RNG_STATE = "rng_state.safetensors"
@@ -97,11 +99,6 @@ def partial_dir_name(final_name: str) -> str:
 
 def is_step_dir_name(name: str) -> bool:
     return bool(_STEP_DIR_RE.match(name))
-
-
-def flat_optimizer_key(param: str, slot: str) -> str:
-    """The ``optimizer_state.safetensors`` key of one optimizer slot: ``state.encoder.weight.exp_avg``."""
-    return f"{FLAT_OPTIMIZER_PREFIX}{param}.{slot}"
 
 
 def is_lerobot_optimizer_key(key: str) -> bool:

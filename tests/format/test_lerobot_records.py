@@ -101,10 +101,14 @@ def test_lerobot_param_groups_are_a_bare_list(tmp_path: Path) -> None:
     path.write_text(json.dumps([{"lr": 1e-5, "params": [0, 1, 2]}, {"lr": 1e-5, "params": [3]}], indent=4))
     groups = read_param_groups(path, lerobot_form=True)
     assert groups.names == ["0", "1", "2", "3"] and groups.scalars == {}
-    with pytest.raises(CheckpointError, match="expected a JSON object"):
-        read_param_groups(path)  # ckpt-train's own loader does not take it
+    with pytest.raises(CheckpointError, match=r"parameters by position, but optimizer_state\.safetensors names none"):
+        read_param_groups(path)  # ckpt-train's own loader needs the names LeRobot does not write
+    by_name = read_param_groups(path, names=["a", "b.c", "d", "e"])  # as ckpt-train writes it
+    assert [g["params"] for g in by_name.groups] == [["a", "b.c", "d"], ["e"]]
+    with pytest.raises(CheckpointError, match="the optimizer state names 3 parameters"):
+        read_param_groups(path, names=["a", "b", "c"])
     path.write_text(json.dumps([{"params": [True]}]))
-    with pytest.raises(CheckpointError, match="not LeRobot's param-groups file"):
+    with pytest.raises(CheckpointError, match="not a param-groups file"):
         read_param_groups(path, lerobot_form=True)
 
 

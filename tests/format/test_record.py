@@ -12,6 +12,7 @@ from ckpt_tools.format.record import (
     SCHEMA_VERSION,
     BatchFactorization,
     Layout,
+    RecordSchema,
     SamplerPosition,
     Topology,
     TrainingStep,
@@ -19,6 +20,7 @@ from ckpt_tools.format.record import (
     read_training_step,
     training_step_json,
 )
+from tests.support.lerobot_fixtures import LEROBOT_FIXTURES
 
 
 def full_record() -> TrainingStep:
@@ -52,6 +54,29 @@ def test_round_trip(tmp_path: Path) -> None:
     assert back.sampler == full_record().sampler
     assert back.batch == BatchFactorization(8, 4, 2)
     assert not back.is_legacy
+
+
+def test_our_record_is_a_superset_of_lerobot_mains(lerobot_main_record: dict[str, object]) -> None:
+    data = full_record().to_dict()
+    # Every key LeRobot main's record has, with the same JSON types (load_training_metadata reads them).
+    assert set(lerobot_main_record) <= set(data)
+    for key, value in lerobot_main_record.items():
+        assert type(data[key]) is type(value), key
+    assert data["parallelism"] == {"dp_replicate": 2, "dp_shard": 2, "ring_degree": 1, "ulysses_degree": 1}
+    assert set(data["parallelism"]) == set(lerobot_main_record["parallelism"])  # type: ignore[arg-type]
+    assert RecordSchema.of(data) is RecordSchema.CKPT_TRAIN  # still ours, by schema_version
+    assert TrainingStep.from_dict(data).topology == full_record().topology
+    data["parallelism"] = {**data["parallelism"], "dp_shard": 4}
+    with pytest.raises(CheckpointError, match="'parallelism' 2×4 disagrees with 'topology' 2×2"):
+        TrainingStep.from_dict(data)
+
+
+@pytest.fixture
+def lerobot_main_record() -> dict[str, object]:
+    """training_step.json as LeRobot main wrote it (fixtures/lerobot/main)."""
+    path = LEROBOT_FIXTURES / "main/single/checkpoints/000004/training_state/training_step.json"
+    data: dict[str, object] = json.loads(path.read_text())
+    return data
 
 
 def test_legacy_record_says_what_is_unknown(tmp_path: Path) -> None:

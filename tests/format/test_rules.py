@@ -12,7 +12,8 @@ import pytest
 
 from ckpt_tools.format import manifest
 from ckpt_tools.format.dataset import stats_problem
-from ckpt_tools.format.layout import StepPaths, flat_optimizer_key, split_flat_optimizer_key
+from ckpt_tools.format.layout import StepPaths, split_flat_optimizer_key
+from ckpt_tools.format.param_groups import split_flat_key
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, layout_for
 from ckpt_tools.format.rules import resume_output, unresumable_reason
 from ckpt_tools.format.rules.data_order import DataOrderChange
@@ -405,10 +406,14 @@ def _re_error(pattern: str) -> re.error:
 # ====================================================================== flat optimizer keys
 
 
-def test_flat_optimizer_keys_round_trip_through_dotted_names() -> None:
-    for param, slot in (("w", "step"), ("encoder.layers.0.weight", "exp_avg"), ("a.b", "exp_avg_sq")):
-        key = flat_optimizer_key(param, slot)
-        assert key.startswith("state.") and split_flat_optimizer_key(key) == (param, slot)
+def test_flat_optimizer_keys_split_in_both_forms() -> None:
+    names = ["w", "encoder.layers.0.weight", "a.b"]
+    for position, (param, slot) in enumerate(zip(names, ("step", "exp_avg", "exp_avg_sq"), strict=True)):
+        # ckpt-train's earlier keys (still read) and LeRobot's, which it writes now.
+        assert split_flat_optimizer_key(f"state.{param}.{slot}") == (param, slot)
+        assert split_flat_key(f"state/{position}/{slot}", names) == (param, slot)
+        assert split_flat_key(f"state/{position}/{slot}", None) == (str(position), slot)  # LeRobot's own file
+    assert split_flat_key("state/3/step", names) == ("3", "step")  # past the names: no group lists it
     assert split_flat_optimizer_key("stray") == ("", "stray")  # no parameter: the loader refuses it
 
 

@@ -259,7 +259,7 @@ def test_verify_refuses_flat_optimizer_keys_the_loader_cannot_place(ddp: Path) -
     report = verify_resume(ddp)
     assert not report.resumable and "holds 'stray'" in failed(report)
     with pytest.raises(CheckpointError):  # what the training core's loader does with it
-        _split_flat("stray", ["encoder.weight"])
+        _split_flat("stray", ["encoder.weight"], ["encoder.weight"])
 
 
 @pytest.mark.parametrize(

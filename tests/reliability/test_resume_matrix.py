@@ -26,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from devtools.training import TINY, assert_tensors_equal, dcp_to_dict, ok, step_dir, train
+from devtools.training import TINY, assert_tensors_equal, dcp_to_dict, flat_optimizer_by_name, ok, step_dir, train
 
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]  # the `runs` fixture's flags
 FULL = os.environ.get("CKPT_RESUME_MATRIX", "") == "full"
@@ -95,8 +95,8 @@ def optimizer_state(step: Path, tmp: Path) -> tuple[dict[str, torch.Tensor], lis
         slots = {f"state.{name}.{k}": v for name, state in osd["state"].items() for k, v in state.items()}
         groups = osd["param_groups"]
     else:
-        slots = load_file(str(ts / "optimizer_state.safetensors"))
-        groups = json.loads((ts / "optimizer_param_groups.json").read_text())["param_groups"]
+        slots = flat_optimizer_by_name(step)
+        groups = json.loads((ts / "optimizer_param_groups.json").read_text())
     hyper = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"} for g in groups]
     return slots, hyper
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
@@ -16,7 +15,9 @@ from devtools.training import (
     LEGACY_CHECKPOINT,
     TINY,
     assert_tensors_equal,
+    dcp_optimizer_by_name,
     dcp_to_dict,
+    flat_optimizer_by_name,
     gathered_weights,
     ok,
     sample_log,
@@ -48,12 +49,11 @@ def resume_args(checkpoint: Path, output_dir: Path, *extra: str) -> list[str]:
 
 
 def flat_optimizer(step: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(step / "training_state/optimizer_state.safetensors"))
+    return flat_optimizer_by_name(step)
 
 
 def dcp_optimizer(step: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    osd = dcp_to_dict(step / "training_state/optimizer_0", tmp)["optimizer"]
-    return {f"state.{name}.{k}": v for name, slots in osd["state"].items() for k, v in slots.items()}
+    return dcp_optimizer_by_name(step / "training_state/optimizer_0", tmp)
 
 
 def dcp_model(step: Path, tmp: Path) -> dict[str, torch.Tensor]:

@@ -248,6 +248,17 @@ def build_objects(step: Path, flavor: str) -> dict[str, Any]:
     return objs
 
 
+def loaded_state_fits(optimizer) -> str:
+    """torch's load_state_dict maps state by position without checking shapes: check every moment fits."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with_state = [p for p in params if p in optimizer.state]
+    for i, p in enumerate(params):
+        for slot, value in optimizer.state.get(p, {}).items():
+            if slot != "step" and tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"position {i}: {slot} {tuple(value.shape)} != parameter {tuple(p.shape)}")
+    return f"{len(with_state)} of {len(params)} parameters have state, every moment its parameter's shape"
+
+
 def probe(step: Path) -> None:
     flavor = lerobot_flavor()
     import lerobot
@@ -282,7 +293,8 @@ def probe(step: Path) -> None:
         if flavor == "0.6.1":
             run("optimizer_state.safetensors (load_optimizer_state_dict, the FSDP path)", load_optimizer_state_dict, ts)
         if opt is not None:
-            run("optimizer_state.safetensors (load_optimizer_state)", load_optimizer_state, opt, ts)
+            if run("optimizer_state.safetensors (load_optimizer_state)", load_optimizer_state, opt, ts) is not None:
+                run("optimizer_state.safetensors (loaded state shaped like its parameters)", loaded_state_fits, opt)
         else:
             say("optimizer_state.safetensors (load_optimizer_state)", "SKIP", "no optimizer could be built")
     else:

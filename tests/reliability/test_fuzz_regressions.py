@@ -248,14 +248,17 @@ def test_verify_refuses_optimizer_items_that_would_run_code_on_resume(fsdp: Path
 
 
 def test_verify_refuses_flat_optimizer_keys_the_loader_cannot_place(ddp: Path) -> None:
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     from ckpt_tools.train.checkpoint.state_dicts import _split_flat
 
     path = ddp / "training_state/optimizer_state.safetensors"
     tensors = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()  # the names by position stay: only the stray key is new
     tensors["stray"] = torch.zeros(1)
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata=metadata)
     report = verify_resume(ddp)
     assert not report.resumable and "holds 'stray'" in failed(report)
     with pytest.raises(CheckpointError):  # what the training core's loader does with it

@@ -106,3 +106,83 @@ def test_a_malformed_param_groups_file_is_the_same_line_for_the_trainer_and_veri
     assert checks["optimizer-coverage"].status == "fail"
     assert checks["optimizer-coverage"].message == str(trainer.value)
     assert str(trainer.value).startswith(f"{paths.optimizer_param_groups}: ")
+
+
+def _trained_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(3, 2)).sum().backward()
+    optimizer.step()
+    return optimizer
+
+
+def _as_json(value: object) -> object:
+    import json
+
+    return json.loads(json.dumps(value))
+
+
+def _same_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert _as_json(sa["param_groups"]) == _as_json(sb["param_groups"])  # JSON holds betas as a list
+    assert sa["state"].keys() == sb["state"].keys()
+    for position, slots in sa["state"].items():
+        assert slots.keys() == sb["state"][position].keys()
+        for slot, value in slots.items():
+            assert torch.equal(value, sb["state"][position][slot]), (position, slot)
+
+
+@pytest.mark.parametrize("form", ["lerobot", "ckpt-train before"])
+def test_flat_optimizer_state_loads_back_bit_exact_from_both_forms(tmp_path: Path, form: str) -> None:
+    """ckpt-train writes LeRobot's form now, and still loads the files it wrote before."""
+    import json
+
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from ckpt_tools.format.record import Layout
+    from ckpt_tools.train.checkpoint.state_dicts import write_flat_optimizer
+    from ckpt_tools.train.parallel.wrap import ParallelModel
+
+    paths = step_paths(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 1))
+    saved = _trained_adamw(model)
+    osd = get_optimizer_state_dict(model, saved)  # keyed by name, as the save job captures it
+    if form == "lerobot":
+        write_flat_optimizer(osd, paths.optimizer_state, paths.optimizer_param_groups)
+        groups = json.loads(paths.optimizer_param_groups.read_text())
+        assert groups == _as_json(saved.state_dict()["param_groups"])  # torch's own groups, key for key
+    else:  # what ckpt-train wrote until it wrote LeRobot's form
+        tensors = {f"state.{n}.{k}": v for n, slots in osd["state"].items() for k, v in slots.items()}
+        save_file(tensors, str(paths.optimizer_state))
+        paths.optimizer_param_groups.write_text(json.dumps({"param_groups": osd["param_groups"], "scalars": {}}))
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 1))
+    loaded = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    parts.load_flat_optimizer(ParallelModel(fresh, fresh, Layout.DDP, 1, 1), loaded, paths)
+    _same_state(saved, loaded)
+
+
+def test_lerobot_form_without_names_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A file LeRobot wrote numbers its parameters and names none: ckpt-train cannot place its state."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from ckpt_tools.format.record import Layout
+    from ckpt_tools.train.checkpoint.state_dicts import write_flat_optimizer
+    from ckpt_tools.train.parallel.wrap import ParallelModel
+
+    paths = step_paths(tmp_path)
+    model = torch.nn.Linear(2, 1)
+    write_flat_optimizer(
+        get_optimizer_state_dict(model, _trained_adamw(model)), paths.optimizer_state, paths.optimizer_param_groups
+    )
+    with safe_open(str(paths.optimizer_state), "pt") as f:
+        assert set(f.metadata()) == {"format", "ckpt_tools.param_names"}  # AdamW: no non-tensor slot
+    save_file(load_file(str(paths.optimizer_state)), str(paths.optimizer_state))  # as LeRobot saves it
+    with pytest.raises(CheckpointError, match="names none") as refused:
+        parts.load_flat_optimizer(
+            ParallelModel(model, model, Layout.DDP, 1, 1), torch.optim.AdamW(model.parameters()), paths
+        )
+    assert "\n" not in str(refused.value)

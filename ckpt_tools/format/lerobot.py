@@ -2,7 +2,11 @@
 
 LeRobot and ``ckpt-train`` share the checkpoint layout (``checkpoints/<step>/{pretrained_model,
 training_state}``, ``last``, the DCP directory names), but LeRobot fills some files its own way.
-Each fact below is read from LeRobot's source, at the version named:
+``ckpt-train`` writes ``training_state/`` in LeRobot main's forms, plus what only it reads (the
+names by position of its flat optimizer state, every rank's RNG state:
+:mod:`ckpt_tools.format.param_groups`, :mod:`ckpt_tools.train.checkpoint.rng`); what tells the
+two apart is the record and the policy, never those files. Each fact below is read from
+LeRobot's source, at the version named:
 
 - **optimizer state of an unsharded run** (0.6.1 and main: ``optim/optimizers.py``
   ``_save_single_optimizer_state``): ``optimizer.state_dict()`` flattened by

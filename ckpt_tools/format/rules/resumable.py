@@ -3,8 +3,9 @@
 A checkpoint is continued by the trainer whose policy it holds (:func:`checkpoint_trainer`):
 ``ckpt-train``'s own checkpoints by ``ckpt-train``; checkpoints LeRobot wrote - a LeRobot record
 (:class:`~ckpt_tools.format.record.RecordSchema`) or a LeRobot policy config - by LeRobot's
-``lerobot-train``, since ``ckpt-train`` builds only its own policies and reads none of LeRobot's
-optimizer, RNG or scheduler files (:mod:`ckpt_tools.format.lerobot`). ``ckpt-train`` refuses a
+``lerobot-train``, since ``ckpt-train`` builds only its own policies and cannot use LeRobot's
+training state (:mod:`ckpt_tools.format.lerobot`: its flat optimizer state names no parameters,
+its RNG state is one process's; ckpt-train writes LeRobot's forms plus those). ``ckpt-train`` refuses a
 LeRobot checkpoint with one line saying so; ``verify-resume`` and ``reshard-plan`` predict
 LeRobot's resume for it (``--trainer ckpt-train`` asks about ours).
 

@@ -147,3 +147,22 @@ def test_a_lerobot_run_without_scheduler_needs_no_scheduler_state(tmp_path: Path
     assert manifest.Resume.at(paths, record, 4, None).rng  # one RNG state, every rank loads it
     paths.train_config.write_text(json.dumps({"scheduler": {"type": "cosine_decay_with_warmup"}}))
     assert manifest.SCHEDULER_STATE in manifest.required_parts(manifest.Variant.at(paths, record, peft=False))
+
+
+def test_non_tensor_slots_travel_in_the_tensors_metadata() -> None:
+    # LeRobot's save_file takes tensors only: a slot that is not one goes where its readers never look.
+    import torch
+
+    from ckpt_tools.format.param_groups import flat_optimizer_files, metadata_scalars, position_names, split_flat_key
+
+    groups = [{"lr": 0.1, "params": ["b.w", "a"]}]
+    state = {"a": {"exp_avg": torch.zeros(1), "count": 3}, "b.w": {"exp_avg": torch.zeros(2)}}
+    lerobot_groups, tensors, metadata = flat_optimizer_files(groups, state)
+    assert lerobot_groups == [{"lr": 0.1, "params": [0, 1]}]  # positions in torch's numbering
+    assert set(tensors) == {"state/0/exp_avg", "state/1/exp_avg"}
+    names = position_names(metadata, "f")
+    scalars = metadata_scalars(metadata, "f")
+    assert names == ["b.w", "a"] and scalars == {"state/1/count": 3}
+    assert split_flat_key("state/1/count", names) == ("a", "count")
+    with pytest.raises(CheckpointError, match="not a list of distinct parameter names"):
+        position_names({"ckpt_tools.param_names": '["a", "a"]'}, "f")

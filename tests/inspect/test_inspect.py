@@ -123,6 +123,12 @@ def test_rank_count_must_match_the_topology(ckpts: Path, tmp_path: Path) -> None
     record_path = step / "training_state" / "training_step.json"
     record = json.loads(record_path.read_text())
     record["topology"] = {"world_size": 4, "dp_replicate": 1, "dp_shard": 4}
+    record["parallelism"] = {
+        **record.get("parallelism", {}),
+        "dp_replicate": 1,
+        "dp_shard": 4,
+    }  # a record at one with itself
+    record["dp_world_size"] = 4
     record_path.write_text(json.dumps(record))
     assert any("world_size 4" in f for f in failed(inspect_json(str(step), code=1)))
 

@@ -22,21 +22,12 @@ from ckpt_tools.train.env_guard import SHARED_STORE_OFF, check_restart_env
 from devtools.reliability import crash_harness
 from devtools.training import TINY, assert_tensors_equal, gathered_weights, step_dir
 from tests.conftest import RUN
+from tests.support.run_copy import copy_run
 from tests.support.train_cli import refused_in_process
 
 pytest.importorskip("torch")
 
 AUTO = "--resume=auto"
-
-
-def copy_run(src: Path, dst: Path) -> Path:
-    """A copy of a fixture run whose configs name ``dst`` as their output_dir (as if it had run there)."""
-    shutil.copytree(src, dst, symlinks=True)
-    for config in dst.glob("checkpoints/0*/pretrained_model/train_config.json"):
-        doc = json.loads(config.read_text())
-        doc["output_dir"] = str(dst)
-        config.write_text(json.dumps(doc))
-    return dst
 
 
 def point_last(run: Path, step: int) -> None:

@@ -17,18 +17,9 @@ from pathlib import Path
 import pytest
 
 from devtools.training import FIXTURE_DATASET, TINY, step_dir, train
+from tests.support.run_copy import copy_run
 
 pytest.importorskip("torch")
-
-
-def copy_run(src: Path, dst: Path) -> Path:
-    """A copy of a whole run whose configs name ``dst`` as their output_dir (as if it had run there)."""
-    shutil.copytree(src, dst, symlinks=True)
-    for config in dst.glob("checkpoints/0*/pretrained_model/train_config.json"):
-        doc = json.loads(config.read_text())
-        doc["output_dir"] = str(dst)
-        config.write_text(json.dumps(doc))
-    return dst
 
 
 def fingerprint(run: Path) -> dict[str, str]:

@@ -30,7 +30,7 @@ from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
-from ckpt_tools.st.header import read_header
+from ckpt_tools.st.header import SafetensorsHeader, read_header
 
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -324,16 +324,24 @@ def _rng(source: ResumeSource, target: ResumeTarget) -> Check:
             "rng-state",
             f"{_rel(source, path)}: missing - an unchanged world size ({saved}) restores every rank's generator from it",
         )
+    header = _rng_header(path)
+    if isinstance(header, Check):
+        return header
+    absent = [r for r in range(target.world_size) if f"rank{r}.torch" not in header.entries]
+    if absent:
+        return Check.fail("rng-state", f"{_rel(source, path)}: no generator state for rank {absent[0]}")
+    return Check.ok("rng-state", f"generator state of all {target.world_size} ranks (restored: same world size)")
+
+
+def _rng_header(path: Path) -> SafetensorsHeader | Check:
+    """The header of ``rng_state.safetensors``, or the failed check saying why it cannot be read."""
     try:
         header = read_header(path)
     except CkptError as e:
         return Check.fail("rng-state", str(e))
     if header.problems:
         return Check.fail("rng-state", _first(list(header.problems)))
-    absent = [r for r in range(target.world_size) if f"rank{r}.torch" not in header.entries]
-    if absent:
-        return Check.fail("rng-state", f"{_rel(source, path)}: no generator state for rank {absent[0]}")
-    return Check.ok("rng-state", f"generator state of all {target.world_size} ranks (restored: same world size)")
+    return header
 
 
 def _lerobot_rng(source: ResumeSource, target: ResumeTarget) -> Check:
@@ -341,12 +349,9 @@ def _lerobot_rng(source: ResumeSource, target: ResumeTarget) -> Check:
     path = source.paths.rng_state
     if not path.exists():
         return Check.fail("rng-state", f"{_rel(source, path)}: missing - LeRobot's resume loads it on every rank")
-    try:
-        header = read_header(path)
-    except CkptError as e:
-        return Check.fail("rng-state", str(e))
-    if header.problems:
-        return Check.fail("rng-state", _first(list(header.problems)))
+    header = _rng_header(path)
+    if isinstance(header, Check):
+        return header
     absent = [k for k in lerobot.RNG_KEYS if k not in header.entries]
     if absent:
         return Check.fail("rng-state", f"{_rel(source, path)}: no {absent[0]} (LeRobot's resume reads it)")

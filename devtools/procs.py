@@ -103,6 +103,9 @@ def multinode_torchrun_commands(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}",
             "--rdzv-id=ckpt-tests",
+            # Node 0 hosts the rendezvous store, as the machine named in the endpoint does; on
+            # loopback every agent would otherwise claim it, and the first to bind would win.
+            f"--rdzv-conf=is_host={1 if node == 0 else 0}",
             f"--max-restarts={max_restarts}",
             program,
             *args,

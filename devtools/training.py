@@ -44,6 +44,21 @@ TINY = [
 ]
 
 
+# The short reference runs: 8 steps, a checkpoint every 4 (tests/conftest.py's ``runs`` fixture).
+RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
+
+# layout -> (processes, flags) of those runs: what a run of another kind (two nodes, a fault
+# survived under torchrun's restarts) must end bit-identical to.
+LAYOUTS: dict[str, tuple[int, list[str]]] = {
+    "ddp": (2, []),
+    "fsdp": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"]),
+    "hsdp": (
+        4,
+        ["--batch_size=4", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"],
+    ),
+}
+
+
 def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every launch of ckpt-train gets (this checkout, one BLAS thread, no env override)."""
     env = launch_env()
@@ -173,6 +188,69 @@ def assert_tensors_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
         assert torch.equal(a[key], b[key]), f"{key} differs"
 
 
+def flat_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every leaf of a nested state dict by its dotted path: tensors as they are, other values by repr."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_tree(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, torch.Tensor) else torch.tensor(list(repr(value).encode()))
+    return out
+
+
+# What a resumed run must reproduce bit for bit: weights, optimizer, scheduler and each rank's
+# torch generator (the Python/NumPy states of the main process are written for LeRobot's reader
+# and may be drawn from by a background writer's libraries).
+_SAME_FILES = ("pretrained_model/model.safetensors", "training_state/optimizer_state.safetensors")
+_SAME_DCP = ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0")
+_SAME_JSON = ("training_state/scheduler_state.json",)
+
+
+def state_differences(step: Path, reference: Path, tmp: Path) -> list[str]:
+    """Where the training state saved in ``step`` differs from ``reference`` (empty: bit-identical)."""
+    import torch
+    from safetensors.torch import load_file
+
+    problems: list[str] = []
+
+    def compare(what: str, a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+        if sorted(a) != sorted(b):
+            problems.append(f"{what}: keys differ ({sorted(set(a) ^ set(b))[:5]})")
+            return
+        bad = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
+        if bad:
+            problems.append(f"{what}: {len(bad)} tensors differ ({bad[:3]})")
+
+    for rel in _SAME_FILES:
+        if (step / rel).exists() or (reference / rel).exists():
+            if not (step / rel).exists() or not (reference / rel).exists():
+                problems.append(f"{rel}: in one checkpoint only")
+                continue
+            compare(rel, load_file(str(step / rel)), load_file(str(reference / rel)))
+    for rel in _SAME_DCP:
+        if (reference / rel).is_dir():
+            if not (step / rel).is_dir():
+                problems.append(f"{rel}: missing")
+                continue
+            mine, theirs = tmp / "mine", tmp / "reference"
+            mine.mkdir(parents=True, exist_ok=True)
+            theirs.mkdir(parents=True, exist_ok=True)
+            compare(rel, flat_tree(dcp_to_dict(step / rel, mine)), flat_tree(dcp_to_dict(reference / rel, theirs)))
+    for rel in _SAME_JSON:
+        if (step / rel).read_text() != (reference / rel).read_text():
+            problems.append(f"{rel} differs")
+    rng = "training_state/rng_state.safetensors"
+    generators = [
+        {k: v for k, v in load_file(str(where / rng)).items() if k.endswith(".torch")} for where in (step, reference)
+    ]
+    compare(f"{rng} (per-rank torch generators)", *generators)
+    return problems
+
+
 def sample_log(output_dir: Path) -> dict[int, dict[int, list[int]]]:
     """rank → step → dataset indices, from ``--log_samples=true``."""
     out: dict[int, dict[int, list[int]]] = {}
@@ -190,25 +268,3 @@ MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.d
     "--policy.dim_model=512",
     "--policy.dim_feedforward=2048",
 ]
-
-
-def kill_during_save(out: Path, args: list[str], timeout: float = 240) -> Path:
-    """Start a 2-rank FSDP job, SIGKILL all of it while a save after the first one is in flight."""
-    proc = start_train(args, nproc=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = out / "checkpoints"
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            partials = [p for p in root.glob(".*.partial")] if (root / "last").exists() else []
-            if partials:
-                kill_tree(proc.pid)
-                proc.wait()
-                return partials[0]
-            if proc.poll() is not None:
-                break
-            time.sleep(0.002)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.wait()
-    raise AssertionError("the job ended before a second save could be interrupted")

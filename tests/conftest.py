@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 
 from devtools.procs import IN_PROCESS_ONLY_ENV
-from devtools.training import TINY, ok, train
+from devtools.training import LAYOUTS, RUN, ok, train
 from tests.fakes.hub.server import HubServer
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 from tests.support.lanes import starts_jobs
 from tests.support.shared import shared_dir
-
-RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
@@ -58,33 +56,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: root / name for name in LAYOUTS}
 
 
-LAYOUTS = ("ddp", "fsdp", "hsdp")
-
-
 def _train_layouts(root: Path) -> None:
-    out = {name: root / name for name in LAYOUTS}
-    ok(train(*RUN, f"--output_dir={out['ddp']}", nproc=2))
-    ok(
-        train(
-            *RUN,
-            "--parallelism.dp_shard=2",
-            "--checkpoint_format=safetensors_dcp",
-            f"--output_dir={out['fsdp']}",
-            nproc=2,
-        )
-    )
-    hsdp = ok(
-        train(
-            *RUN,
-            "--batch_size=4",
-            "--parallelism.dp_replicate=2",
-            "--parallelism.dp_shard=2",
-            "--checkpoint_format=dcp",
-            f"--output_dir={out['hsdp']}",
-            nproc=4,
-        )
-    )
-    (root / "hsdp.stdout").write_text(hsdp.stdout)
+    for name, (nproc, flags) in LAYOUTS.items():
+        proc = ok(train(*RUN, *flags, f"--output_dir={root / name}", nproc=nproc))
+        (root / f"{name}.stdout").write_text(proc.stdout)
 
 
 @pytest.fixture(scope="session")

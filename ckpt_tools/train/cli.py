@@ -119,8 +119,11 @@ def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
     from ckpt_tools.train.loop import run_training
     from ckpt_tools.train.parallel.distributed import init_distributed, is_transport_failure, teardown
+    from ckpt_tools.train.report import startup
 
+    startup.mark("imports")
     env = init_distributed(cfg.collective_timeout_s)
+    startup.mark("process_group")
     try:
         run_training(cfg, env, resume_from)
     except WriteError as e:

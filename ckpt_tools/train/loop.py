@@ -30,6 +30,7 @@ from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_n
 from ckpt_tools.train.policies.base import PreTrainedPolicy
 from ckpt_tools.train.policies.registry import make_policy
 from ckpt_tools.train.policies.size import require_fits
+from ckpt_tools.train.report import startup
 from ckpt_tools.train.report.banner import banner_lines
 from ckpt_tools.train.report.metrics import MetricsWindow
 from ckpt_tools.train.report.reporting import Reporter
@@ -91,6 +92,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     if refusal is not None:
         raise ConfigError(refusal)
     state, dataset, counts = build_state(cfg, env, topology)
+    startup.mark("build")
     manager = CheckpointManager(state)
     banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
     if env.distributed:
@@ -101,6 +103,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
         log(env, f"warning: {warning}")
     if resume_from is not None:
         report = manager.load(resume_from)
+        startup.mark("load")
         position = state.sampler.position()
         log(
             env,

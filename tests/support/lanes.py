@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 
 from devtools import procs, training
-from devtools.reliability import crash_harness, fuzz_runner
+from devtools.reliability import crash_harness, fuzz_runner, restart_faults
 from tests.support import dcp_fixtures
 
 LAUNCHERS: tuple[Any, ...] = (
     training.train,
     training.train_command,
     training.start_train,
-    training.kill_during_save,
     training.train_multinode,
     procs.multinode_torchrun_commands,
     procs.torchrun_command,
     fuzz_runner.run_train_case,
     crash_harness,  # every trial of the crash harness is a torchrun job
+    restart_faults,  # and every trial of the restart faults
     dcp_fixtures.write_checkpoints,
 )
 _LAUNCHER_IDS = frozenset(id(launcher) for launcher in LAUNCHERS)

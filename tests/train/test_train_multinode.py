@@ -14,10 +14,9 @@ from pathlib import Path
 
 from ckpt_tools.format.record import read_training_step
 from devtools.procs import run_cli
-from devtools.training import assert_tensors_equal, dcp_to_dict, step_dir, train_multinode
-from tests.conftest import RUN
+from devtools.training import LAYOUTS, RUN, state_differences, step_dir, train_multinode
 
-HSDP = ["--batch_size=4", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"]
+HSDP = LAYOUTS["hsdp"][1]
 
 
 def _groups_line(stdout: str) -> str:
@@ -45,30 +44,10 @@ def test_hsdp_across_two_nodes_equals_one_node_and_keeps_shard_groups_local(
     record = read_training_step(final / "training_state" / "training_step.json")
     assert record.topology is not None and record.topology.nnodes == 2
     assert record.topology.describe() == "HSDP over 2×2 (dp_replicate×dp_shard), 2 nodes"
-    model = "pretrained_model/pytorch_model_fsdp_0"
-    optimizer = "training_state/optimizer_0"
-    (tmp_path / "two").mkdir()
-    (tmp_path / "one").mkdir()
-    for part in (model, optimizer):
-        two = dcp_to_dict(final / part, tmp_path / "two")
-        one = dcp_to_dict(step_dir(runs["hsdp"], 8) / part, tmp_path / "one")
-        assert_tensors_equal(_flat(two), _flat(one))
+    assert state_differences(final, step_dir(runs["hsdp"], 8), tmp_path / "tensors") == []
 
     plan = run_cli("reshard-plan", str(final), "--nproc", "4", "--nnodes", "2", "--json")
     assert plan.returncode == 0, plan.stderr
     notes = json.dumps(json.loads(plan.stdout))
     assert "each dp_shard group (2 ranks) stays inside one node of 2 processes" in notes, notes
 
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """Every leaf of a nested state dict by its dotted path: tensors as they are, other values by repr."""
-    import torch
-
-    out: dict = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value if isinstance(value, torch.Tensor) else torch.tensor(list(repr(value).encode()))
-    return out

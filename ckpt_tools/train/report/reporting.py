@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.report import startup
 from ckpt_tools.train.report.metrics import MetricsLog
 from ckpt_tools.train.report.procstats import seconds_since_process_start
 
@@ -48,10 +49,18 @@ class Reporter:
             self.progress.update(1)
 
     def first_step(self, step: int) -> None:
-        """How long this process took from its start to its first finished step (resume cost)."""
+        """How long this process took from its start to its first finished step (resume cost), by phase."""
         seconds = seconds_since_process_start()
         if seconds is not None:
-            self._event({"event": "first_step", "step": step, "seconds_since_process_start": round(seconds, 3)})
+            self._event(
+                {
+                    "event": "first_step",
+                    "step": step,
+                    "seconds_since_process_start": round(seconds, 3),
+                    "started_unix": startup.started_unix(),
+                    "phases_s": startup.marks(),
+                }
+            )
 
     def step(self, step: int, reduced: dict[str, float], state: TrainingState) -> None:
         self.tick()

@@ -86,10 +86,21 @@ def train_command(args: Sequence[str], nproc: int = 1, entry: str = "ckpt-train"
 
 
 def train_multinode(
-    *args: str, nnodes: int = 2, nproc_per_node: int = 2, env: dict[str, str] | None = None, timeout: float = 300
+    *args: str,
+    nnodes: int = 2,
+    nproc_per_node: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    wrappers: dict[int, list[str]] | None = None,
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Run ckpt-train as ``nnodes`` torchrun agents on loopback (one per "node"); one result per agent."""
+    """Run ckpt-train as ``nnodes`` torchrun agents on loopback (one per "node"); one result per agent.
+
+    ``wrappers``: node -> a command line that runs that node's agent (its arguments appended),
+    to give one "machine" something of its own, such as a private mount.
+    """
     commands = multinode_torchrun_commands(script("ckpt-train"), args, nnodes, nproc_per_node, free_port())
+    for node, wrapper in (wrappers or {}).items():
+        commands[node] = [*wrapper, *commands[node]]
     agents = [
         subprocess.Popen(cmd, env=train_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for cmd in commands

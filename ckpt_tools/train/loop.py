@@ -26,6 +26,7 @@ from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.groups import mesh_groups
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
+from ckpt_tools.train.parallel.shared_storage import require_shared_output_dir, same_resume_on_every_rank
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies.base import PreTrainedPolicy
 from ckpt_tools.train.policies.registry import make_policy
@@ -91,6 +92,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     refusal = new_run_refusal(Path(str(cfg.output_dir))) if resume_from is None else None
     if refusal is not None:
         raise ConfigError(refusal)
+    require_shared_output_dir(env, Path(str(cfg.output_dir)))
     state, dataset, counts = build_state(cfg, env, topology)
     startup.mark("build")
     manager = CheckpointManager(state)
@@ -305,27 +307,6 @@ def agree(env: DistEnv, decision: bool) -> bool:
     flag = torch.tensor([int(decision)], device=env.device)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
-
-
-def same_resume_on_every_rank(env: DistEnv, resume_from: Path | None) -> None:
-    """Collective: refuse, on every rank, a launch whose ranks chose different checkpoints (or none).
-
-    Each rank resolves ``--config_path`` / ``--resume=auto`` from the files before the process
-    group exists; on storage that is not shared, or not coherent across nodes, two ranks could
-    see different ``last`` links and restore different states without an error.
-    """
-    if not env.distributed:
-        return
-    import torch.distributed as dist
-
-    seen: list[str | None] = [None] * env.world_size
-    dist.all_gather_object(seen, None if resume_from is None else str(resume_from))
-    if len(set(seen)) > 1:
-        shown = ", ".join(f"rank {r}: {s or 'a new run'}" for r, s in enumerate(seen))
-        raise ConfigError(
-            f"the ranks do not agree on what to resume ({shown}); every rank must see the same --output_dir"
-            " (shared storage)"
-        )
 
 
 class SampleLog:

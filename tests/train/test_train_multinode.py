@@ -51,3 +51,41 @@ def test_hsdp_across_two_nodes_equals_one_node_and_keeps_shard_groups_local(
     notes = json.dumps(json.loads(plan.stdout))
     assert "each dp_shard group (2 ranks) stays inside one node of 2 processes" in notes, notes
 
+
+def _private_mount_possible() -> bool:
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def test_a_node_that_does_not_share_the_output_dir_stops_the_launch(tmp_path: Path) -> None:
+    """Node 1 has its own (tmpfs) disk at the output dir's path, as a machine with a local /data has."""
+    import pytest
+
+    if not _private_mount_possible():
+        pytest.skip("needs root and unshare(1) for a private mount on the second node")
+    out = tmp_path / "run"
+    out.mkdir()
+    local_disk = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"',
+    ]
+    agents = train_multinode(
+        *RUN, "--steps=1", f"--output_dir={out}", nnodes=2, nproc_per_node=2, wrappers={1: [*local_disk, str(out)]}
+    )
+    assert all(agent.returncode != 0 for agent in agents)
+    errors = [line for agent in agents for line in agent.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert f"--output_dir={out} is not one shared filesystem: rank 2 on " in errors[0], errors
+    assert "rank 3 on " in errors[0] and "rank 1 on" not in errors[0]
+    assert not (out / "checkpoints").exists() and not list(out.glob(".ckpt-tools-shared-storage-probe-*"))

@@ -48,7 +48,8 @@ TINY = [
 RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
 
 # layout -> (processes, flags) of those runs: what a run of another kind (two nodes, a fault
-# survived under torchrun's restarts) must end bit-identical to.
+# survived under torchrun's restarts) must end bit-identical to. The first three are the
+# session fixture's; the 4-process DDP and FSDP are run where a test needs them.
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "ddp": (2, []),
     "fsdp": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"]),
@@ -56,7 +57,10 @@ LAYOUTS: dict[str, tuple[int, list[str]]] = {
         4,
         ["--batch_size=4", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"],
     ),
+    "ddp4": (4, ["--batch_size=4"]),
+    "fsdp4": (4, ["--batch_size=4", "--parallelism.dp_shard=4", "--checkpoint_format=dcp"]),
 }
+FIXTURE_LAYOUTS = ("ddp", "fsdp", "hsdp")
 
 
 def train_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -279,3 +283,22 @@ MEDIUM = [a for a in TINY if not a.startswith(("--policy.dim_model", "--policy.d
     "--policy.dim_model=512",
     "--policy.dim_feedforward=2048",
 ]
+
+
+def act_of_size(gb: float) -> list[str]:
+    """Flags of an ACT policy of about ``gb`` GB of fp32 weights (the benchmarks' model)."""
+    # dim 1024 / ff 4096: an encoder layer holds 12.6M parameters, a decoder layer 16.8M.
+    layers = max(1, round(gb * 1e9 / 4 / 29.4e6))
+    return [
+        f"--dataset.root={FIXTURE_DATASET}",
+        "--policy.type=act",
+        "--policy.dim_model=1024",
+        "--policy.dim_feedforward=4096",
+        "--policy.n_heads=8",
+        f"--policy.n_encoder_layers={layers}",
+        f"--policy.n_decoder_layers={layers}",
+        "--batch_size=2",
+        "--log_freq=1",
+        "--progress_bar=false",
+        "--policy.dropout=0.0",
+    ]

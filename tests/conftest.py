@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from devtools.procs import IN_PROCESS_ONLY_ENV
-from devtools.training import LAYOUTS, RUN, ok, train
+from devtools.training import FIXTURE_LAYOUTS, LAYOUTS, RUN, ok, train
 from tests.fakes.hub.server import HubServer
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
@@ -53,11 +53,12 @@ def pytest_sessionfinish() -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """8-step runs saving every 4 steps: DDP(2) safetensors, FSDP(2) safetensors_dcp, HSDP(2×2) dcp."""
     root = shared_dir(tmp_path_factory, "layouts", _train_layouts)
-    return {name: root / name for name in LAYOUTS}
+    return {name: root / name for name in FIXTURE_LAYOUTS}
 
 
 def _train_layouts(root: Path) -> None:
-    for name, (nproc, flags) in LAYOUTS.items():
+    for name in FIXTURE_LAYOUTS:
+        nproc, flags = LAYOUTS[name]
         proc = ok(train(*RUN, *flags, f"--output_dir={root / name}", nproc=nproc))
         (root / f"{name}.stdout").write_text(proc.stdout)
 

@@ -2,14 +2,15 @@
 
 Each trial starts the short reference run of a layout (``devtools.training.RUN`` with the
 layout's flags) with ``--resume=auto`` under ``torchrun --max-restarts=1`` - the job script a
-user puts in a scheduler - and injects one fault while it trains:
+user puts in a scheduler - on one node or as one torchrun agent per "node" on loopback, and
+injects one fault while it trains:
 
 - ``worker-kill``: SIGKILL one worker after the first checkpoint, between saves;
 - ``save-kill``: SIGKILL one worker while the next save is in flight (sync or async);
 - ``stall``: SIGSTOP one worker past ``--collective_timeout_s``; the others time out, and the
   stalled worker is woken only once they are gone (a wedged process that comes back too late);
-- ``node-kill``: two torchrun agents on loopback as two nodes; the second node's agent and its
-  workers are SIGKILLed, then that agent is started again and the rendezvous re-forms.
+- ``node-kill``: the last node's agent and its workers are SIGKILLed, then that agent is
+  started again and the rendezvous re-forms.
 
 torchrun relaunches the workers, they resume ``last`` by themselves, and the job must finish
 with exit 0, every visible checkpoint sound (``crash_harness.check_last``) and the final
@@ -17,8 +18,8 @@ weights, optimizer, scheduler and generators bit-identical to the uninterrupted 
 same flags (``reference``). The trial also times the recovery from the fault to the first
 step after the resume, phase by phase (the ``first_step`` event of the relaunched workers).
 
-Used by ``tests/reliability/test_restart_faults.py`` (the CI slice), ``bin/reliability-report``
-(the matrix) and ``bin/bench-recovery``.
+Used by ``tests/reliability/test_restart_faults.py`` and ``tests/train/test_train_multinode.py``
+(the CI slice) and ``bin/bench-recovery`` (the matrix, with the recovery times).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class RestartTrial:
     layout: str
     asynchronous: bool
     seed: int
-    target: str = ""  # rank<N> | node1
+    nnodes: int = 1
+    target: str = ""  # rank<N> | node<N>
     landed: str = ""  # mid-step | mid-save | after-commit | not-injected
     last_at_fault: int | None = None
     exit_code: int | None = None
@@ -80,119 +82,159 @@ def trial_args(out: Path, layout_name: str, asynchronous: bool) -> list[str]:
     ]
 
 
+@dataclass
+class Launch:
+    """The torchrun agents of one job: one (``--standalone``) or one per "node" on loopback."""
+
+    commands: list[list[str]]
+    logs: Path
+    name: str
+    agents: list[H.Job] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, args: list[str], nproc: int, nnodes: int, logs: Path, name: str) -> Launch:
+        logs.mkdir(parents=True, exist_ok=True)
+        if nnodes == 1:
+            job = H.launch(args, nproc, logs, name, None, 1, RESTARTABLE)
+            return cls([list(map(str, job.proc.args))], logs, name, [job])  # type: ignore[arg-type]
+        commands = multinode_torchrun_commands(
+            script("ckpt-train"), args, nnodes, nproc // nnodes, free_port(), max_restarts=1
+        )
+        launch = cls(commands, logs, name)
+        launch.agents = [launch._agent(node) for node in range(nnodes)]
+        return launch
+
+    def _agent(self, node: int, again: str = "") -> H.Job:
+        stdout, stderr = (
+            self.logs / f"{self.name}-node{node}{again}.out",
+            self.logs / f"{self.name}-node{node}{again}.err",
+        )
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(self.commands[node], env=train_env(RESTARTABLE), stdout=out, stderr=err)
+        return H.Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
+
+    def restart_node(self, node: int) -> None:
+        """The node's agent comes back (a rebooted machine, or the scheduler's relaunch of it)."""
+        self.agents[node] = self._agent(node, "-again")
+
+    @property
+    def main(self) -> H.Job:
+        return self.agents[0]  # node 0 holds rank 0, the rank that logs
+
+    def workers(self) -> dict[int, int]:
+        return {rank: pid for agent in self.agents for rank, pid in agent.workers().items()}
+
+    def any_ended(self) -> bool:
+        return any(agent.poll() is not None for agent in self.agents)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(agent.wait(max(1.0, deadline - time.monotonic())) for agent in self.agents)
+
+    def exit_code(self) -> int | None:
+        codes = [agent.proc.returncode for agent in self.agents]
+        return None if None in codes else max(abs(code) for code in codes if code is not None)
+
+    def out(self) -> str:
+        return self.main.out()
+
+    def err(self) -> str:
+        return "".join(agent.err() for agent in self.agents)
+
+    def kill(self) -> None:
+        for agent in self.agents:
+            agent.kill()
+
+
 def restart_trial(
     out: Path,
     layout_name: str,
     fault: str,
     reference: Path | None,
     *,
+    nnodes: int = 1,
     asynchronous: bool = False,
     seed: int = 0,
     save_kill_delay_s: float | None = None,
 ) -> RestartTrial:
-    """One job, one fault of ``fault`` kind (not ``node-kill``: :func:`node_restart_trial`).
+    """One job of ``nnodes`` agents, one fault of ``fault`` kind; judged against ``reference``.
 
-    ``save_kill_delay_s``: how long after the save became visible ``save-kill`` strikes; by
-    default a random moment of a typical save (which may land after its commit).
+    ``worker-kill`` / ``save-kill`` / ``stall`` strike one worker (on the last node when there
+    are several); ``node-kill`` kills the last node's agent with its workers and starts that
+    agent again. ``save_kill_delay_s``: how long after the save became visible ``save-kill``
+    strikes; by default a random moment of a typical save (which may land after its commit).
     """
     rng = random.Random(seed)
-    trial = RestartTrial(fault, layout_name, asynchronous, seed)
+    trial = RestartTrial(fault, layout_name, asynchronous, seed, nnodes=nnodes)
     nproc = LAYOUTS[layout_name][0]
     root = out / layout.CHECKPOINTS_DIR
-    job = H.launch(
-        trial_args(out, layout_name, asynchronous), nproc, out.parent / "logs", out.name, None, 1, RESTARTABLE
-    )
+    args = trial_args(out, layout_name, asynchronous)
+    job = Launch.start(args, nproc, nnodes, out.parent / "logs", out.name)
     try:
         deadline = time.monotonic() + H.LAUNCH_DEADLINE_S
         moment = _wait_for_moment(job, root, fault, deadline)
         workers = job.workers()
-        if moment is None or job.poll() is not None or not workers:
+        if moment is None or job.any_ended() or len(workers) < nproc:
             trial.landed = "not-injected"
-            trial.violations.append(f"the job ended before the fault (exit {job.poll()}): {job.err()[-1500:]}")
+            trial.violations.append(f"the job ended before the fault (exit {job.exit_code()}): {job.err()[-1500:]}")
             return trial
         if fault == "save-kill":
             delay = save_kill_delay_s
             time.sleep(round(rng.uniform(0.0, H.typical_save_s(out, 0.05)), 4) if delay is None else delay)
-        rank = rng.choice(sorted(workers))
-        trial.target = f"rank{rank}"
+        last_node = sorted(workers)[-(nproc // nnodes) :]
+        rank = rng.choice(last_node if nnodes > 1 else sorted(workers))
+        trial.target = f"node{nnodes - 1}" if fault == "node-kill" else f"rank{rank}"
         trial.last_at_fault = H.last_step(root)
-        fault_at = time.time()
-        old = set(workers.values())
         saving = any(layout.list_partial_dirs(root))
-        H._send(job, trial.target, signal.SIGSTOP if fault == "stall" else signal.SIGKILL)
-        gone = _watch_generation(job, old, (workers[rank],) if fault == "stall" else ())
+        old = set(job.workers().values())
+        fault_at = time.time()
+        if fault == "node-kill":
+            kill_tree(job.agents[-1].proc.pid)
+            job.agents[-1].proc.wait()
+            job.restart_node(nnodes - 1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(workers[rank], signal.SIGSTOP if fault == "stall" else signal.SIGKILL)
+        gone = _watch_generation(old, (workers[rank],) if fault == "stall" else (), fault == "node-kill")
         # Before the relaunched workers (seconds of imports away) touch the directory.
         trial.landed = ("mid-save" if saving else "mid-step") if fault != "save-kill" else _save_landing(root)
         trial.hung = not job.wait(H.LAUNCH_DEADLINE_S)
-        trial.exit_code = job.proc.returncode
+        trial.exit_code = job.exit_code()
         _judge(trial, out, job.out(), job.err(), nproc, reference, fault_at, gone)
     finally:
         job.kill()
     return trial
 
 
-def node_restart_trial(out: Path, reference: Path | None, *, asynchronous: bool = False, seed: int = 0) -> RestartTrial:
-    """HSDP over two agents on loopback: node 1's agent and workers die, and that agent is started again."""
-    trial = RestartTrial("node-kill", "hsdp", asynchronous, seed, target="node1")
-    root = out / layout.CHECKPOINTS_DIR
-    logs = out.parent / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    commands = multinode_torchrun_commands(
-        script("ckpt-train"), trial_args(out, "hsdp", asynchronous), 2, 2, free_port(), max_restarts=1
-    )
-    agents = [_agent(commands[0], logs, f"{out.name}-node0"), _agent(commands[1], logs, f"{out.name}-node1")]
-    try:
-        deadline = time.monotonic() + H.LAUNCH_DEADLINE_S
-        moment = _wait_for_moment(agents[0], root, "node-kill", deadline)
-        if moment is None or any(a.poll() is not None for a in agents):
-            trial.landed = "not-injected"
-            trial.violations.append(f"the job ended before the fault: {agents[0].err()[-1500:]}")
-            return trial
-        trial.last_at_fault = H.last_step(root)
-        old = set(agents[0].workers().values()) | set(agents[1].workers().values())
-        saving = any(layout.list_partial_dirs(root))
-        fault_at = time.time()
-        kill_tree(agents[1].proc.pid)
-        agents[1].proc.wait()
-        agents.append(_agent(commands[1], logs, f"{out.name}-node1-again"))  # the node comes back
-        gone = _watch_generation(agents[0], old, ())
-        trial.hung = not all(a.wait(H.LAUNCH_DEADLINE_S) for a in (agents[0], agents[2]))
-        trial.exit_code = max(abs(a.proc.returncode or 0) for a in (agents[0], agents[2]))
-        trial.landed = "mid-save" if saving else "mid-step"
-        out_text = agents[0].out()
-        err_text = "".join(a.err() for a in agents)
-        _judge(trial, out, out_text, err_text, 4, reference, fault_at, gone)
-    finally:
-        for agent in agents:
-            agent.kill()
-    return trial
-
-
 # ====================================================================== moments and watching
 
 
-def _wait_for_moment(job: H.Job, root: Path, fault: str, deadline: float) -> object | None:
+def _wait_for_moment(job: Launch, root: Path, fault: str, deadline: float) -> object | None:
     """After the first checkpoint; for ``save-kill``, while the next save is in flight."""
     if fault == "save-kill":
-        return H.wait_for_save(job, root, deadline)
-    while time.monotonic() < deadline and job.poll() is None:
+        return H.wait_for_save(job.main, root, deadline)
+    while time.monotonic() < deadline and not job.any_ended():
         if H.last_step(root) is not None:
             return H.last_step(root)
         time.sleep(0.002)
     return None
 
 
-def _watch_generation(job: H.Job, old: set[int], stalled: tuple[int, ...]) -> dict[str, float]:
+def _watch_generation(old: set[int], stalled: tuple[int, ...], all_struck: bool) -> dict[str, float]:
     """Poll until every worker of the faulted generation is gone: when the first and the last went.
 
-    A stalled worker is woken (SIGCONT) once all the others are gone - it stalled past their
-    timeout, and torchrun's stop of it (SIGTERM) waits for it to run again.
+    The first exit of a worker that was not struck is the detection (``all_struck``: a node
+    kill, where the struck workers go at once and the others notice on their own). A stalled
+    worker is woken (SIGCONT) once all the others are gone - it stalled past their timeout, and
+    torchrun's stop of it (SIGTERM) waits for it to run again.
     """
     seen: dict[str, float] = {}
+    initial = {pid for pid in old if _alive(pid)}
     deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S + H.STALL_SLACK_S
     while time.monotonic() < deadline:
         alive = {pid for pid in old if _alive(pid)}
-        if len(alive) < len(old) - (0 if stalled else 1) and "first_exit" not in seen:
+        struck_gone = len(old) - len(initial) if all_struck else (0 if stalled else 1)
+        if len(alive) < len(old) - struck_gone and "first_exit" not in seen:
             seen["first_exit"] = time.time()
         if stalled and alive <= set(stalled):
             seen.setdefault("first_exit", time.time())
@@ -217,13 +259,6 @@ def _alive(pid: int) -> bool:
 
 def _save_landing(root: Path) -> str:
     return "mid-save" if any(layout.list_partial_dirs(root)) or H.last_step(root) != FINAL_STEP else "after-commit"
-
-
-def _agent(command: list[str], logs: Path, name: str) -> H.Job:
-    stdout, stderr = logs / f"{name}.out", logs / f"{name}.err"
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(command, env=train_env(RESTARTABLE), stdout=out, stderr=err)
-    return H.Job(proc, stdout, stderr, time.monotonic(), time.time_ns())
 
 
 # ====================================================================== the verdict
@@ -280,7 +315,7 @@ def _measure(trial: RestartTrial, out: Path, fault_at: float, gone: dict[str, fl
         "detection": times["first_exit"] - fault_at,
         "stop": times["all_gone"] - times["first_exit"],
         "restart": started - times["all_gone"],
-        **_startup_phases(phases, first["seconds_since_process_start"]),
+        **startup_phases(phases, first["seconds_since_process_start"]),
     }
     trial.phases_s["total"] = started + first["seconds_since_process_start"] - fault_at
     trial.phases_s = {k: round(v, 3) for k, v in trial.phases_s.items()}
@@ -289,7 +324,7 @@ def _measure(trial: RestartTrial, out: Path, fault_at: float, gone: dict[str, fl
 STARTUP_PHASES = ("imports", "process_group", "build", "load")
 
 
-def _startup_phases(marks: dict[str, float], first_step: float) -> dict[str, float]:
+def startup_phases(marks: dict[str, float], first_step: float) -> dict[str, float]:
     """Durations between the start-up marks of :mod:`ckpt_tools.train.report.startup`."""
     out: dict[str, float] = {}
     previous = 0.0

@@ -239,7 +239,14 @@ def parallelize(
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [env.device.index] if env.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        # Bit-exact resume: by default DDP rebuilds its gradient buckets after the first
+        # iteration of a process, in the order the gradients became ready. The first step
+        # after a resume then all-reduces in the initial buckets where the uninterrupted run
+        # used the rebuilt ones; with more than two ranks the sums are taken in another order
+        # and the runs drift apart (measured: DDP(4), one ulp at the second step after the
+        # resume). find_unused_parameters=True keeps the initial buckets for the whole run
+        # (the reducer never rebuilds them then), at the cost of one autograd-graph walk per step.
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True)
         return ParallelModel(wrapped, model, layout, dp_replicate, 1, notes=notes)
     return _shard(model, policy_class, env, layout, dp_replicate, dp_shard, fsdp, precision)
 

@@ -558,6 +558,17 @@ def restricted_loads(
 MAX_PLAIN_NODES = 100_000  # an optimizer's param_groups entry holds a handful of values
 
 
+def protocol2_bytes(text: Any, encoding: Any = "latin1") -> bytes:
+    """``_codecs.encode`` as pickle protocol 2 (torch.save's) uses it to write a ``bytes`` value, and only so.
+
+    Protocol 2 has no bytes opcode: ``b"..."`` pickles as ``_codecs.encode("...", "latin1")``
+    (``"..."`` the bytes read as latin-1). Anything else - another codec, a non-str - is refused.
+    """
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise ValueError(f"_codecs.encode of {shown(text)} with {shown(encoding)}: not how pickle writes bytes")
+    return text.encode("latin-1")
+
+
 def plain_data(value: Any, *, depth: int = 0, max_depth: int = 32, max_nodes: int = MAX_PLAIN_NODES) -> Any:
     """Check that ``value`` is plain JSON-like data (scalars, str, lists, tuples, dicts) and return it.
 

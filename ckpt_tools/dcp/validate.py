@@ -30,12 +30,18 @@ from ckpt_tools.dcp.files import ShardFiles, is_inside
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.metadata import BytesMeta, ChunkMeta, TensorMeta
 from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout, read_pickled_object
+from ckpt_tools.dcp.safe_pickle import protocol2_bytes
 from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UnsafeCheckpoint
 from ckpt_tools.st import dtypes
 
 # What a non-tensor item (optimizer hyper-parameters, say) may be built from: plain data only.
 # An OrderedDict pickles as OrderedDict() then SETITEMS: the builtin dict, fresh for each call.
-PLAIN_OBJECTS: dict[tuple[str, str], Any] = {("collections", "OrderedDict"): dict}
+# A bytes value (torchtitan's dataloader state is pickle.dumps output) pickles, at torch.save's
+# protocol 2, as _codecs.encode(text, "latin1"): a pure function making new bytes.
+PLAIN_OBJECTS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): dict,
+    ("_codecs", "encode"): protocol2_bytes,
+}
 
 
 @dataclass(frozen=True)

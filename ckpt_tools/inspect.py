@@ -130,6 +130,8 @@ def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_v
     kind = located.kind
     if kind is L.PathKind.CHECKPOINTS_ROOT:
         _inspect_root(located.path, report, tensors)
+    elif kind is L.PathKind.TRAINER_ROOT:
+        _inspect_trainer_root(located.path, report, tensors)
     elif kind is L.PathKind.STEP_DIR:
         _inspect_step(L.StepPaths(located.path), report, tensors)
     elif kind in (L.PathKind.PRETRAINED_MODEL, L.PathKind.TRAINING_STATE):
@@ -141,7 +143,7 @@ def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_v
         _inspect_dcp(located.path, located.path.name, report, tensors)
     else:
         _inspect_safetensors(located.path, located.path.name, report, tensors)
-    if report.checkpoint is None and kind is not L.PathKind.CHECKPOINTS_ROOT:
+    if report.checkpoint is None and kind not in (L.PathKind.CHECKPOINTS_ROOT, L.PathKind.TRAINER_ROOT):
         # A DCP dir or a file inside a step dir: the step verify-resume would read (none: in no step dir).
         with contextlib.suppress(CheckpointError):
             _subject(report, L.resolve_step(located.path).root, None)
@@ -189,6 +191,33 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
         elif failed:
             report.checks.append(Check.fail(f"step {step_dir.name}", f"{failed} failed checks (inspect it)"))
     report.inspected_step = target.name
+
+
+def _inspect_trainer_root(root: Path, report: InspectReport, tensors: bool) -> None:
+    """Another trainer's folder of ``step-N/`` saves (torchtitan's): every save checked, the newest in detail."""
+    steps = L.list_trainer_steps(root)
+    report.partial_saves = [p.name for p in L.incomplete_trainer_steps(root)]
+    for name in report.partial_saves:
+        report.checks.append(Check.warn("partial save", f"{name}: no .metadata - a save that did not complete"))
+    if not steps:
+        report.checks.append(Check.fail("steps", f"{root}: no complete step-N save"))
+        return
+    newest = steps[-1]
+    for step_dir in steps:
+        sub = InspectReport(path=str(step_dir), kind=L.PathKind.DCP_DIR.value, values_checked=report.values_checked)
+        if (step_dir / L.DCP_METADATA).is_file():
+            _inspect_dcp(step_dir, step_dir.name, sub, tensors and step_dir == newest)
+        else:  # a Hugging Face last step: model.safetensors.index.json and its shards
+            _inspect_index(step_dir / L.MODEL_WEIGHTS_INDEX, f"{step_dir.name}/{L.MODEL_WEIGHTS_INDEX}", sub, tensors)
+        failed = sum(c.failed for c in sub.checks)
+        report.steps.append(StepSummary(step_dir.name, L.trainer_step_number(step_dir), sub.healthy, failed))
+        if step_dir == newest:
+            report.checks.extend(sub.checks)
+            report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
+            report.nonfinite = sub.nonfinite
+        elif failed:
+            report.checks.append(Check.fail(f"step {step_dir.name}", f"{failed} failed checks (inspect it)"))
+    report.inspected_step = newest.name
 
 
 def _adopt(report: InspectReport, sub: InspectReport) -> None:

@@ -65,10 +65,13 @@ def inspect_command(
 def _print_report(report: Any, tensors: bool) -> None:
     echo = typer.echo
     echo(f"{report.path}  ({report.kind.replace('_', ' ')})")
-    if report.kind == "checkpoints_root":
+    if report.kind in ("checkpoints_root", "trainer_root"):
         steps = ", ".join(f"{s.name}{'' if s.healthy else ' (UNHEALTHY)'}" for s in report.steps) or "none"
         echo(f"  steps: {steps}")
-        echo(f"  last -> {report.last or '(none)'}")
+        if report.kind == "checkpoints_root":
+            echo(f"  last -> {report.last or '(none)'}")
+        else:
+            echo(f"  newest: {report.inspected_step or '(none)'} (what convert-dcp takes for this folder)")
         for name in report.partial_saves:
             echo(f"  partial save: {name} (a save that never completed; resume ignores it)")
         if report.inspected_step:

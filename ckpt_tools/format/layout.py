@@ -62,6 +62,16 @@ TRAINING_STEP = "training_step.json"
 # Inside a DCP directory
 DCP_METADATA = ".metadata"
 DCP_SHARD_SUFFIX = ".distcp"
+# What other trainers save next to the model in one DCP state dict - never weights: torchtitan's
+# CheckpointManager (its MODEL entries flattened to the top level beside OPTIMIZER, LR_SCHEDULER,
+# DATALOADER and TRAIN_STATE) and PyTorch's DCP recipe ({"app": {"model": ..., "optim": ...}}).
+NON_MODEL_DCP_KEYS = ("optimizer", "optim", "lr_scheduler", "dataloader", "train_state")
+
+# Roots of other trainers: torchtitan's checkpoint folder (its ``checkpoint.folder``, by default
+# ``checkpoint/`` in the dump folder) holds one save per step, ``step-<N>/``: a DCP directory, or
+# the Hugging Face safetensors of a ``last_save_in_hf`` last step (model.safetensors.index.json).
+TRAINER_CHECKPOINT_DIR = "checkpoint"
+_TRAINER_STEP_RE = re.compile(r"^step-(\d+)$")
 
 # A save in progress lives in a hidden sibling of its final name until it is complete.
 PARTIAL_PREFIX = "."
@@ -210,6 +220,7 @@ class PathKind(str, enum.Enum):
     TRAINING_STATE = "training_state"
     DCP_DIR = "dcp_dir"
     SAFETENSORS_FILE = "safetensors_file"
+    TRAINER_ROOT = "trainer_root"  # another trainer's folder of step-<N>/ saves (torchtitan's checkpoint/)
 
 
 @dataclass(frozen=True)
@@ -251,6 +262,45 @@ def resolve_last(checkpoints_root: Path) -> Path | None:
     return target if target.is_dir() else None
 
 
+def trainer_step_number(path: Path) -> int | None:
+    """N of torchtitan's ``step-<N>`` save directory name (None: not one)."""
+    m = _TRAINER_STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _is_complete_trainer_save(path: Path) -> bool:
+    return (path / DCP_METADATA).is_file() or (path / MODEL_WEIGHTS_INDEX).is_file()
+
+
+def _trainer_step_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    steps = [p for p in root.iterdir() if p.is_dir() and trainer_step_number(p) is not None]
+    return sorted(steps, key=lambda p: trainer_step_number(p) or 0)
+
+
+def list_trainer_steps(root: Path) -> list[Path]:
+    """The complete ``step-<N>/`` saves under another trainer's root, oldest first.
+
+    Complete as torchtitan itself counts them when it resumes (``_find_load_step``): the DCP
+    ``.metadata`` (written last) or the safetensors index of a Hugging Face last step is there.
+    """
+    return [p for p in _trainer_step_dirs(root) if _is_complete_trainer_save(p)]
+
+
+def incomplete_trainer_steps(root: Path) -> list[Path]:
+    """``step-<N>/`` directories of a save that never completed (no ``.metadata``); never read."""
+    return [p for p in _trainer_step_dirs(root) if not _is_complete_trainer_save(p)]
+
+
+def newest_trainer_step(root: Path) -> Path:
+    """The save a resume of that trainer reads, and what the tools take for its root: the highest N."""
+    steps = list_trainer_steps(root)
+    if not steps:
+        raise CheckpointError(f"{root}: no complete step-N save (none holds a .metadata)")
+    return steps[-1]
+
+
 def _looks_like_step_dir(path: Path) -> bool:
     return (path / PRETRAINED_MODEL_DIR).is_dir() or (path / TRAINING_STATE_DIR).is_dir()
 
@@ -279,10 +329,14 @@ def locate(path: str | os.PathLike[str]) -> Located:
         return Located(p, PathKind.STEP_DIR, StepPaths(p), p.parent)
     if (p / LAST_LINK).exists() or list_step_dirs(p) or list_partial_dirs(p):
         return Located(p, PathKind.CHECKPOINTS_ROOT, None, p)
+    if _trainer_step_dirs(p):
+        return Located(p, PathKind.TRAINER_ROOT, None, p)
     if (p / CHECKPOINTS_DIR).is_dir():
         return locate(p / CHECKPOINTS_DIR)
+    if _trainer_step_dirs(p / TRAINER_CHECKPOINT_DIR):  # torchtitan's dump folder
+        return locate(p / TRAINER_CHECKPOINT_DIR)
     raise CheckpointError(
-        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata or checkpoints/ found)"
+        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata, checkpoints/ or step-N/ found)"
     )
 
 
@@ -296,6 +350,11 @@ def resolve_step(path: str | os.PathLike[str]) -> StepPaths:
     does not change what was resolved. Raises :class:`CheckpointError` with one line.
     """
     located = locate(path)
+    if located.kind is PathKind.TRAINER_ROOT:
+        raise CheckpointError(
+            f"{path}: a folder of step-N saves (torchtitan's), not a LeRobot checkpoint step; its newest save is"
+            f" {newest_trainer_step(located.path).name}/"
+        )
     if located.kind is PathKind.CHECKPOINTS_ROOT:
         assert located.checkpoints_root is not None
         last = resolve_last(located.checkpoints_root)

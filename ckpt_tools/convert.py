@@ -33,7 +33,7 @@ from typing import Any
 
 from ckpt_tools import convert_delete
 from ckpt_tools.convert_delete import Deletion
-from ckpt_tools.dcp import casting, validate
+from ckpt_tools.dcp import casting, selection, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
@@ -167,6 +167,7 @@ def convert_dcp(
     delete_dcp: bool = False,
     allow_unresumable: bool = False,
     what: str | None = None,
+    key: str | None = None,
     overwrite: bool = False,
     verify: bool = False,
     progress: bool = True,
@@ -174,11 +175,16 @@ def convert_dcp(
     """Merge a DCP checkpoint into safetensors.
 
     ``checkpoint_dir``: a step dir, its ``pretrained_model/`` (or ``training_state/`` for the
-    optimizer), a DCP dir itself, or a checkpoints root (its ``last`` step). ``output``: a
-    directory, or a ``.safetensors`` file path when unsharded; by default the DCP dir's parent.
+    optimizer), a DCP dir itself, a checkpoints root (its ``last`` step), or another trainer's
+    root of ``step-N/`` saves (its newest). ``output``: a
+    directory, or a ``.safetensors`` file path when unsharded; by default next to the shards in
+    the save they belong to (accelerate's ``pytorch_model_fsdp_0/`` → its ``pretrained_model/``),
+    and inside a bare DCP dir (torchtitan's ``step-N/``) - never in a parent its sibling steps share.
     ``dtype``: ``fp32`` / ``bf16`` / ``fp16`` for floating tensors (default: as saved, which
     is fp32 for master weights). ``what``: ``model`` or ``optimizer`` (default: ``model``, or
-    what a DCP dir given directly holds). ``verify``: re-read every written byte and compare it
+    what a DCP dir given directly holds). ``key``: the dotted key path of the subtree to convert
+    (``app.model``); without it the model (or optimizer) part is found by its shape
+    (:mod:`ckpt_tools.dcp.selection`), never mixed with training state. ``verify``: re-read every written byte and compare it
     with the shards before committing (always done with ``delete_dcp``). ``overwrite``: replace
     existing output files (refused otherwise, unless they already hold exactly the planned
     bytes). ``delete_dcp``: then delete the DCP dir - refused before any work unless what
@@ -199,7 +205,7 @@ def convert_dcp(
     index = ChunkIndex.load(source.dcp_dir)
     validate.require_valid(validate.structure_problems(index))
     with ShardFiles(index.root) as files:
-        plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output)
+        plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output, key, what is not None)
         deletion = Deletion.of(
             named,
             plan.dcp_dir,
@@ -340,6 +346,12 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
             return _Source(path, what or guess, None, interrupted=tuple(pending))
     located = L.locate(path)
     kind = located.kind
+    if kind is L.PathKind.TRAINER_ROOT:
+        newest = L.newest_trainer_step(located.path)
+        if not (newest / L.DCP_METADATA).is_file():
+            raise CheckpointError(f"{newest}: already safetensors (its newest save); nothing to convert")
+        note = f"converting {newest.name}, the newest save in {located.path}"
+        return replace(_resolve_source(newest, what), notes=(note,))
     if kind is L.PathKind.SAFETENSORS_FILE:
         raise UsageError(f"{path}: already a safetensors file; convert-dcp takes a step dir or a DCP directory")
     step = L.resolve_step(path) if kind in _WHOLE_STEP or located.step is not None else None
@@ -394,27 +406,25 @@ def _plan(
     out_dtype: DType | None,
     shard_limit: int | None,
     output: str | os.PathLike[str] | None,
+    key: str | None = None,
+    what_given: bool = False,
 ) -> tuple[ConvertPlan, dict[str, list[ChunkLayout]]]:
     notes = list(source.notes)
-    top_key = L.MODEL_DCP_KEY if source.what == "model" else L.OPTIMIZER_DCP_KEY
-    top_keys = index.top_level_keys()
-    if top_key not in top_keys and (source.what == "optimizer" or L.OPTIMIZER_DCP_KEY in top_keys):
-        holds = ", ".join(sorted(map(str, top_keys))) or "nothing"
-        raise CheckpointError(f"{index.root}: holds {holds}, not '{top_key}' (use --what to pick)")
-    nested = top_key in top_keys
-
+    sel = selection.select(index, key=key, what=source.what, what_given=what_given)
+    if sel.picked:
+        notes.append(sel.picked)
     names: dict[str, TensorEntry] = {}
     skipped_outside = 0
     for entry in index.tensors.values():
-        if nested and entry.path[0] != top_key:
+        if not sel.contains(entry.path):
             skipped_outside += 1
             continue
-        name = ".".join(str(p) for p in entry.path[1:]) if nested else entry.fqn
-        names[name] = entry
+        names[sel.name(entry.path)] = entry
     if skipped_outside:
-        notes.append(f"skipped {skipped_outside} tensors outside '{top_key}'")
+        notes.append(f"skipped {skipped_outside} tensors outside {sel.label}")
     if not names:
-        raise CheckpointError(f"{index.root}: no tensors under '{top_key}' to convert")
+        raise CheckpointError(f"{index.root}: no tensors under {sel.label} to convert")
+    source = replace(source, what=sel.what)
 
     peft = False
     if source.what == "model":
@@ -442,12 +452,13 @@ def _plan(
 
     metadata = {"format": "pt"}
     if source.what == "optimizer":
-        objects, skipped = _decode_objects(index, top_key, files)
+        objects, skipped = _decode_objects(index, sel, files)
         for key, value in objects.items():  # param_groups, and any non-tensor state entries
             metadata[key] = json.dumps(value, sort_keys=True, allow_nan=True)
         notes.extend(skipped)
-    elif index.byte_items:
-        notes.append(f"skipped {len(index.byte_items)} non-tensor items (not weights)")
+    elif any(sel.contains(b.path) for b in index.byte_items.values()):
+        inside = sum(sel.contains(b.path) for b in index.byte_items.values())
+        notes.append(f"skipped {inside} non-tensor items (not weights)")
 
     stem = "adapter_model" if peft else ("model" if source.what == "model" else OPTIMIZER_OUTPUT_STEM)
     output_dir, single_name = _output_location(source, output, shard_limit, stem)
@@ -478,7 +489,7 @@ def _output_location(
     source: _Source, output: str | os.PathLike[str] | None, shard_limit: int | None, stem: str
 ) -> tuple[Path, str | None]:
     if output is None:
-        return source.dcp_dir.parent, None
+        return default_output_dir(source.dcp_dir, source.step), None
     out = Path(output)
     if out.suffix == ".safetensors":
         if shard_limit is not None:
@@ -487,12 +498,26 @@ def _output_location(
     return out, None
 
 
-def _decode_objects(index: ChunkIndex, top_key: str, files: ShardFiles) -> tuple[dict[str, Any], list[str]]:
-    """Non-tensor optimizer items (param_groups...) as plain data, by top-level key; others skipped, noted."""
+def default_output_dir(dcp_dir: Path, step: L.StepPaths | None) -> Path:
+    """Where a conversion writes without ``--output``: the save folder that owns the shards.
+
+    accelerate's DCP dirs (``pytorch_model_fsdp_0/``, ``optimizer_0/``) and any DCP dir inside a
+    step belong to the folder holding them; a bare DCP dir (torchtitan's ``step-N/``, a
+    ``dcp.save(checkpoint_id=...)`` dir) is its own save, and its parent may hold sibling steps
+    whose conversions would collide there - so the output goes inside it.
+    """
+    if step is not None or dcp_dir.name in (L.MODEL_DCP_DIR, L.OPTIMIZER_DCP_DIR):
+        return dcp_dir.parent
+    return dcp_dir
+
+
+def _decode_objects(index: ChunkIndex, sel: selection.Selection, files: ShardFiles) -> tuple[dict[str, Any], list[str]]:
+    """Non-tensor optimizer items (param_groups...) as plain data, by key under the selection; others skipped, noted."""
     tree: dict[Any, Any] = {}
     skipped: list[str] = []
+    depth = len(sel.prefix)
     for item in index.byte_items.values():
-        if len(item.path) < 2 or item.path[0] != top_key:
+        if not sel.contains(item.path):
             continue
         what = f"{item.file} ({item.fqn})"
         try:
@@ -504,8 +529,8 @@ def _decode_objects(index: ChunkIndex, top_key: str, files: ShardFiles) -> tuple
             skipped.append(f"skipped non-tensor item {item.fqn}: {e}")
             continue
         node = tree
-        for key in item.path[1:-1]:
-            node = node.setdefault(key, {})
+        for part in item.path[depth:-1]:
+            node = node.setdefault(part, {})
         node[item.path[-1]] = value
     return {str(k): _listify(v) for k, v in tree.items()}, skipped
 

@@ -22,9 +22,13 @@ from ckpt_tools.units import human_bytes
 CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
 
 CHECKPOINT_DIR is a step dir, its pretrained_model/, a DCP dir itself, or a checkpoints root
-or the run dir holding it (its `last` step). Tensors stream one by one: memory stays about one tensor whatever the model
-size. PEFT checkpoints give adapter_model.safetensors with peft's key names. The output goes
-next to the shards (pretrained_model/) unless --output says otherwise, through a temporary
+or the run dir holding it (its `last` step), or another trainer's folder of step-N/ saves
+(torchtitan's checkpoint/: its newest). Tensors stream one by one: memory stays about one tensor whatever the model
+size. PEFT checkpoints give adapter_model.safetensors with peft's key names. The model is found
+by its shape - under `model`, torchtitan's top-level entries, app.model of PyTorch's DCP recipe -
+never mixed with optimizer or other training state; --key names the part when several could be.
+The output goes next to the shards (pretrained_model/), or inside a bare DCP dir (step-N/),
+unless --output says otherwise, through a temporary
 file renamed into place: a failure leaves no partial output and the shards untouched.
 --delete-dcp removes the shards only after the written files were read back and verified, and
 only when what remains still resumes bit-exactly (the converted file is what the trainer loads,
@@ -38,6 +42,8 @@ Examples:
   ckpt-tools convert-dcp CKPT --max-shard-size 2GB --output exported/
   ckpt-tools convert-dcp CKPT --dry-run --json
   ckpt-tools convert-dcp CKPT --what optimizer      # training_state/optimizer_0 → optimizer_state_flat.safetensors
+  ckpt-tools convert-dcp outputs/titan/checkpoint  # torchtitan: the newest step-N, its model entries
+  ckpt-tools convert-dcp checkpoint --key app.model # one part of a nested state dict
   ckpt-tools convert-dcp CKPT --delete-dcp --push-to-hub alice/act-pusht
 
 {EXIT_CODES_HELP}
@@ -65,6 +71,14 @@ def convert_dcp_command(
         typer.Option("--max-shard-size", help="Split into Hub-style shards + index: bytes or 500MB, 2GB, 1GiB."),
     ] = None,
     what: Annotated[str | None, typer.Option("--what", help="model (default) or optimizer.")] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            metavar="PATH",
+            help="Dotted key path of the part to convert (app.model); default: the model, found by its shape.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and sizes; write nothing.")] = False,
     delete_dcp: Annotated[
         bool, typer.Option("--delete-dcp", help="Delete the DCP shards after the output is written and verified.")
@@ -96,6 +110,7 @@ def convert_dcp_command(
         dtype=dtype,
         max_shard_size=max_shard_size,
         what=what,
+        key=key,
         dry_run=dry_run,
         delete_dcp=delete_dcp,
         allow_unresumable=allow_unresumable,
@@ -114,6 +129,7 @@ def run_convert(
     dtype: str | None = None,
     max_shard_size: str | None = None,
     what: str | None = None,
+    key: str | None = None,
     dry_run: bool = False,
     delete_dcp: bool = False,
     allow_unresumable: bool = False,
@@ -134,6 +150,7 @@ def run_convert(
         "dtype": dtype,
         "max_shard_size": max_shard_size,
         "what": what,
+        "key": key,
         "overwrite": overwrite,
         "progress": not quiet and not json_out,
         "allow_unresumable": allow_unresumable,

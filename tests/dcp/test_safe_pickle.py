@@ -280,3 +280,20 @@ def test_an_ordered_dict_item_still_reads_as_plain_data() -> None:
         "betas": (0.9, 0.99),
         "params": [0, 1],
     }
+
+
+def test_bytes_items_read_as_data_and_no_other_codec_call() -> None:
+    """Protocol 2 (torch.save's) writes bytes as _codecs.encode(text, "latin1"), as torchtitan's dataloader state.
+
+    That one call is allowed - it builds new bytes - and nothing else through ``_codecs``.
+    """
+    state = {"dp_rank_0": pickle.dumps({"epoch": 1}), "world_size": 3}
+    data = pickle.dumps(state, protocol=2)
+    assert b"_codecs" in data  # the fixture exercises the call, not a protocol-3 bytes opcode
+    assert restricted_loads(data, validate.PLAIN_OBJECTS, what="item") == state
+    rot13 = b"\x80\x02c_codecs\nencode\nq\x00X\x03\x00\x00\x00abcq\x01X\x05\x00\x00\x00rot13q\x02\x86q\x03Rq\x04."
+    with pytest.raises(CorruptCheckpoint, match=r"_codecs.encode of 'abc' with 'rot13': not how pickle writes bytes"):
+        restricted_loads(rot13, validate.PLAIN_OBJECTS, what="item")
+    decode = b"\x80\x02c_codecs\ndecode\nq\x00X\x03\x00\x00\x00abcq\x01\x85q\x02Rq\x03."
+    with pytest.raises(UnsafeCheckpoint, match=r"refused to load global _codecs.decode"):
+        restricted_loads(decode, validate.PLAIN_OBJECTS, what="item")

@@ -10,8 +10,8 @@ A DCP checkpoint is one nested dict, flattened; producers nest it differently:
 
 Weights are never taken together with training state: whatever is selected for the model leaves
 out the states other trainers save next to it (by name, :data:`~ckpt_tools.format.layout.NON_MODEL_DCP_KEYS`)
-and any subtree shaped like an optimizer's state dict (``state`` / ``param_groups``, nested as
-torch's ``Optimizer.state_dict`` or flattened to ``state.<fqn>...`` as torchtitan's). When the
+and any subtree shaped like an optimizer's state dict (its ``param_groups``, nested as torch's
+``Optimizer.state_dict`` or flattened to ``param_groups.<fqn>.<key>`` as torchtitan's). When the
 model cannot be told apart, the conversion is refused, naming the candidates for ``--key``.
 """
 
@@ -26,7 +26,7 @@ from ckpt_tools.format import layout as L
 
 KeyPath = tuple[str | int, ...]
 
-_OPTIMIZER_PARTS = ("state", "param_groups")
+_PARAM_GROUPS = "param_groups"
 
 
 def dotted(path: Iterable[str | int]) -> str:
@@ -83,10 +83,14 @@ class _Tree:
         return node in self._with_tensors
 
     def is_optimizer(self, node: KeyPath) -> bool:
-        """Shaped like an optimizer's state dict: ``state`` / ``param_groups`` nested, or flattened into the keys."""
-        kids = [str(c) for c in self.children(node)]
-        flat = tuple(f"{p}." for p in _OPTIMIZER_PARTS)
-        return any(k in _OPTIMIZER_PARTS or k.startswith(flat) for k in kids)
+        """Shaped like an optimizer's state dict: its ``param_groups`` list, nested or flattened into the keys.
+
+        ``param_groups`` is the mark, not ``state``: every optimizer state dict has it (``state``
+        is empty before the first step), and a model's keys are flat names, so a submodule
+        called ``state`` (``state.proj.weight``) never makes a model look like an optimizer.
+        """
+        nested = _PARAM_GROUPS in self._children.get(node, ()) and self.is_inner((*node, _PARAM_GROUPS))
+        return nested or any(str(k).startswith(f"{_PARAM_GROUPS}.") for k in self.children(node))
 
     def is_state(self, node: KeyPath) -> bool:
         """Training state saved next to a model (never weights)."""
@@ -139,15 +143,14 @@ def _by_key(index: ChunkIndex, tree: _Tree, key: str, what: str, what_given: boo
     if what_given and what == "model" and optimizer:
         raise UsageError(f"--key {key}: holds optimizer state (state, param_groups), not weights; use --what optimizer")
     if what_given and what == "optimizer" and not optimizer:
-        raise UsageError(f"--key {key}: not an optimizer state dict (no state / param_groups); drop --what optimizer")
-    if optimizer:
-        return Selection(node, "optimizer")
-    left_out = tree.states_below(node)
-    note = f"left out {', '.join(dotted(p) for p in left_out)}: training state, not weights" if left_out else None
-    return Selection(node, "model", left_out, note)
+        raise UsageError(f"--key {key}: not an optimizer state dict (no param_groups); drop --what optimizer")
+    return Selection(node, "optimizer") if optimizer else _model_at(tree, node, None)
 
 
 def _find_model(index: ChunkIndex, tree: _Tree) -> Selection:
+    """Walk down from the top while one way leads on: a ``model`` subtree, else the one non-state subtree."""
+    if not tree.tensors:
+        return Selection((), "model")  # nothing to pick from: the plan says there is nothing to convert
     node: KeyPath = ()
     while True:
         kids = tree.children(node)
@@ -184,8 +187,9 @@ def _find_model(index: ChunkIndex, tree: _Tree) -> Selection:
 
 def _model_at(tree: _Tree, node: KeyPath, picked: str | None) -> Selection:
     left_out = tree.states_below(node)
-    if picked and left_out:
-        picked += f" (left out: {', '.join(dotted(p) for p in left_out)})"
+    if left_out:
+        names = ", ".join(dotted(p) for p in left_out)
+        picked = f"{picked} (left out: {names})" if picked else f"left out {names}: training state, not weights"
     return Selection(node, "model", left_out, picked)
 
 

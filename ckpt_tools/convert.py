@@ -96,6 +96,8 @@ class ConvertPlan:
     index: dict[str, Any] | None
     metadata: dict[str, str]
     notes: tuple[str, ...] = ()
+    selected: str | None = None  # the dotted key path converted ("": the top level), see ckpt_tools.dcp.selection
+    left_out: tuple[str, ...] = ()  # training state under it that was not converted
 
     @property
     def tensor_count(self) -> int:
@@ -117,6 +119,8 @@ class ConvertPlan:
             "dcp_dir": str(self.dcp_dir),
             "output_dir": str(self.output_dir),
             "what": self.what,
+            "selected": self.selected,
+            "left_out": list(self.left_out),
             "peft": self.peft,
             "dtype": self.dtype or "as saved",
             "tensor_count": self.tensor_count,
@@ -481,6 +485,8 @@ def _plan(
         index=shards.index,
         metadata=metadata,
         notes=tuple(notes),
+        selected=selection.dotted(sel.prefix),
+        left_out=tuple(selection.dotted(p) for p in sel.left_out),
     )
     return plan, layouts
 

@@ -87,7 +87,8 @@ jobs = json.loads(sys.argv[1])
 out = {}
 for name, (src, options) in jobs.items():
     r = convert_dcp(src, output=Path(sys.argv[2]) / name, progress=False, **options)
-    out[name] = {"files": [str(p) for p in r.output_files], "notes": list(r.notes), "what": r.plan.what}
+    out[name] = {"files": [str(p) for p in r.output_files], "notes": list(r.notes), "what": r.plan.what,
+                 "selected": r.plan.selected, "left_out": list(r.plan.left_out)}
 assert "torch" not in sys.modules
 print(json.dumps(out))
 """
@@ -131,6 +132,7 @@ def test_torchtitan_root_converts_its_newest_step_like_torch(tmp_path: Path, ref
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["output_files"] == [str(root / "step-4" / "model.safetensors")]
+    assert result["plan"]["selected"] == "" and result["plan"]["left_out"] == []
     assert any("step-4, the newest save" in n for n in result["notes"])
     assert_identical(load_file(root / "step-4" / "model.safetensors"), refs["step-4"])
 
@@ -141,6 +143,7 @@ def test_torchtitan_full_step_gives_the_model_without_its_training_state(
     ref = {k: v for k, v in refs["step-2"].items() if k not in TITAN_STATES}
     got = load_file(converted["titan-full"]["files"][0])
     assert_identical(got, ref)
+    assert converted["titan-full"]["left_out"] == sorted(TITAN_STATES)
     notes = " | ".join(converted["titan-full"]["notes"])
     assert "model entries at the top level (left out: dataloader, lr_scheduler, optimizer, train_state)" in notes
 
@@ -157,6 +160,8 @@ def test_dcp_recipe_layout_gives_app_model_only(converted: dict[str, Any], refs:
     auto = load_file(converted["tutorial"]["files"][0])
     assert_identical(auto, ref["model"])
     assert "converting 'app.model', the model state" in converted["tutorial"]["notes"]
+    assert converted["tutorial"]["selected"] == converted["tutorial-key"]["selected"] == "app.model"
+    assert converted["tutorial-optimizer"]["selected"] == "app.optim"
     by_key = load_file(converted["tutorial-key"]["files"][0])
     assert_identical(by_key, ref["model"])
     optimizer = load_file(converted["tutorial-optimizer"]["files"][0])
@@ -256,3 +261,16 @@ def test_a_submodule_named_state_is_still_weights(tmp_path: Path) -> None:
     for name, state in (("nested", {"model": sd}), ("flat", sd)):
         result = convert_dcp(_save(tmp_path / name, state), progress=False)
         assert sorted(load_file(result.output_files[0])) == sorted(sd), name
+
+
+def test_an_unfinished_save_is_not_the_newest(tmp_path: Path, refs: dict[str, Any]) -> None:
+    """A step-N without .metadata (a save that died) is listed as partial; the newest complete one is taken."""
+    root = copy_tree(TITAN, tmp_path / "checkpoint")
+    (root / "step-6").mkdir()
+    (root / "step-6" / "__0_0.distcp").write_bytes(b"")
+    report = json.loads(invoke_cli("inspect", str(root), "--json").stdout)
+    assert report["partial_saves"] == ["step-6"] and report["inspected_step"] == "step-4"
+    assert any(c["status"] == "warn" and "step-6" in c["message"] for c in report["checks"])
+    result = convert_dcp(root, progress=False)
+    assert result.output_files == (root / "step-4" / L.MODEL_WEIGHTS,)
+    assert_identical(load_file(result.output_files[0]), refs["step-4"])

@@ -50,7 +50,9 @@ PRODUCERS = {
         "torchtitan's CheckpointManager (interval 2, 4 steps): `checkpoint/step-2/` is a full training"
         " checkpoint (the model's entries at the top level next to `optimizer`, `lr_scheduler`, `dataloader`"
         " and `train_state`), `checkpoint/step-4/` the model-only last step (`last_save_model_only`, the"
-        " default). FSDP2 over 3 ranks, uneven row shards.",
+        " default). FSDP2 over 3 ranks, uneven row shards. The model is a tiny Llama-shaped module with"
+        " torchtitan's llama3 parameter names, not its `Llama3Model`: `torchtitan.models` imports Triton"
+        " kernels, which a CPU-only torch lacks; everything that decides what the checkpoint holds is torchtitan's.",
     ),
     "dcp-tutorial": Producer(
         "dcp_tutorial",

@@ -158,7 +158,7 @@ def scan_dcp(index: ChunkIndex, rel: str) -> ValueScan:
             counter = _Counter()
             for chunk, layout in zip(entry.chunks, tensor_layouts(entry, files), strict=True):
                 if chunk.numel:
-                    _chunk_counts(files.fd(chunk.file), layout, counter, f"{chunk.file} ({entry.fqn})")
+                    _chunk_counts(files.data_fd(chunk), layout, counter, f"{chunk.file} ({entry.fqn})")
             tensors, values = tensors + 1, values + entry.numel
             if counter.nan or counter.inf:
                 found.append(NonFinite(rel, entry.fqn, counter.nan, counter.inf))

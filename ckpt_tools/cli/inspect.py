@@ -95,6 +95,8 @@ def _print_report(report: Any, tensors: bool) -> None:
         echo("Tensors:")
         for t in report.tensors:
             chunks = f"  {len(t.chunks)} chunks" if t.chunks else ""
+            if len(t.chunks) == 1 and t.chunks[0]["sizes"] != list(t.shape):  # a piece of a larger tensor
+                chunks = f"  piece {t.chunks[0]['sizes']} at {t.chunks[0]['offsets']}"
             echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
     if report.nonfinite:
         echo("Non-finite values:")

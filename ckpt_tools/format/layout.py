@@ -3,7 +3,7 @@
 Both halves of the project go through this module: the training core writes with these
 names, and the tools find things with them. Discovery (:func:`locate`) turns whatever path
 a user typed (checkpoints root, ``last``, a step dir, ``pretrained_model/``, a DCP dir or a
-``.safetensors`` file) into a :class:`Located` record saying what it is; :func:`resolve_step`
+``.safetensors`` file or a folder of them) into a :class:`Located` record saying what it is; :func:`resolve_step`
 turns it into the one step directory a resume, a conversion or a push reads.
 
     checkpoints/
@@ -62,6 +62,10 @@ TRAINING_STEP = "training_step.json"
 # Inside a DCP directory
 DCP_METADATA = ".metadata"
 DCP_SHARD_SUFFIX = ".distcp"
+# dcp.save(..., use_collectives=False): each rank writes __<rank>.metadata, and no .metadata.
+DCP_RANK_METADATA_RE = re.compile(r"^__(\d+)\.metadata$")
+SAFETENSORS_SUFFIX = ".safetensors"
+SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
 
 # A save in progress lives in a hidden sibling of its final name until it is complete.
 PARTIAL_PREFIX = "."
@@ -210,6 +214,7 @@ class PathKind(str, enum.Enum):
     TRAINING_STATE = "training_state"
     DCP_DIR = "dcp_dir"
     SAFETENSORS_FILE = "safetensors_file"
+    SAFETENSORS_DIR = "safetensors_dir"  # a folder of *.safetensors (+ index): convert-dcp's, torch's HF storage
 
 
 @dataclass(frozen=True)
@@ -266,7 +271,7 @@ def locate(path: str | os.PathLike[str]) -> Located:
             return Located(p, PathKind.SAFETENSORS_FILE, step)
         if p.name == TRAIN_CONFIG or p.name == POLICY_CONFIG:
             return locate(p.parent)
-        if p.name == DCP_METADATA:
+        if p.name == DCP_METADATA or DCP_RANK_METADATA_RE.match(p.name) or p.name.endswith(SAFETENSORS_INDEX_SUFFIX):
             return locate(p.parent)
         raise CheckpointError(f"{p}: not a checkpoint file (expected a .safetensors file or a directory)")
     if (p / DCP_METADATA).exists() or any(p.glob(f"*{DCP_SHARD_SUFFIX}")):
@@ -281,8 +286,10 @@ def locate(path: str | os.PathLike[str]) -> Located:
         return Located(p, PathKind.CHECKPOINTS_ROOT, None, p)
     if (p / CHECKPOINTS_DIR).is_dir():
         return locate(p / CHECKPOINTS_DIR)
+    if any(p.glob(f"*{SAFETENSORS_SUFFIX}")) or any(p.glob(f"*{SAFETENSORS_INDEX_SUFFIX}")):
+        return Located(p, PathKind.SAFETENSORS_DIR, _enclosing_step(p.parent))
     raise CheckpointError(
-        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata or checkpoints/ found)"
+        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata, *.safetensors or checkpoints/ found)"
     )
 
 

@@ -18,8 +18,6 @@ torch's reader.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from devtools.producer_fixtures.common import fresh, spawn, tensors, write_readme
 
 NAME = "hf_storage"

@@ -26,7 +26,7 @@ from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata, parse_metadata
 from ckpt_tools.dcp.reader import read_chunk_layout
-from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, UnsafeCheckpoint
+from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
 from ckpt_tools.st import dtypes
 from tests.support.dcp_fixtures import FSDP2_DCP, FSDP2_OPT
 
@@ -212,7 +212,9 @@ def test_a_chunk_of_a_dtype_safetensors_cannot_hold_is_still_read(tmp_path: Path
         (3,),
         False,
     )
-    assert (tmp_path / "f.distcp").read_bytes()[layout.data_offset : layout.data_offset + 48] == tensor.numpy().tobytes()
+    assert (tmp_path / "f.distcp").read_bytes()[
+        layout.data_offset : layout.data_offset + 48
+    ] == tensor.numpy().tobytes()
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ pieces, ``dcp_to_torch_save`` for the DCP ones, its loader per rank for rank-loc
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,55 @@ def test_dtype_casts_every_floating_tensor_as_torch_does(converted: dict[str, An
             assert torch.equal(got[name].isnan(), nan), name
             got[name], want[name] = got[name][~nan], want[name][~nan]
     assert_same(got, want)
+
+
+def _repiece(folder: Path, file: str, offsets: dict[str, list[int]] | None, raw_info: str | None = None) -> None:
+    """Rewrite one piece file with safetensors' own writer, its DCP_SHARDING_INFO changed."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = folder / file
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        metadata = dict(f.metadata())
+    info = json.loads(metadata["DCP_SHARDING_INFO"])
+    for name, value in (offsets or {}).items():
+        info[name]["saved_offsets"] = value
+    metadata["DCP_SHARDING_INFO"] = raw_info if raw_info is not None else json.dumps(info)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+BAD_PIECES = {
+    "sharding info not JSON": (
+        lambda d: _repiece(d, "shard-00002-model-00001-of-00001.safetensors", None, "{oops"),
+        "not valid JSON",
+    ),
+    "offsets of the wrong rank": (
+        lambda d: _repiece(d, "shard-00002-model-00001-of-00001.safetensors", {"embed.weight": [3]}),
+        "no valid saved_offsets",
+    ),
+    "overlapping pieces": (
+        lambda d: _repiece(d, "shard-00002-model-00001-of-00001.safetensors", {"embed.weight": [2, 0]}),
+        "overlap",
+    ),
+    "a piece saved twice": (
+        lambda d: shutil.copy(
+            d / "shard-00001-model-00001-of-00001.safetensors", d / "shard-00004-model-00001-of-00001.safetensors"
+        ),
+        "saved twice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PIECES))
+def test_bad_pieces_are_one_line_and_nothing_is_written(tmp_path: Path, case: str) -> None:
+    damage, needle = BAD_PIECES[case]
+    folder = shutil.copytree(HF_DISTRIBUTED, tmp_path / "pieces")
+    damage(folder)
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError) as info:
+        convert_dcp(folder, output=out, progress=False)
+    assert "\n" not in str(info.value) and needle in str(info.value), str(info.value)
+    assert not out.exists()

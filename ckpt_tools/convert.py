@@ -69,7 +69,9 @@ class PlannedTensor:
         return self.source.numel * self.dtype.itemsize
 
     def to_write(self) -> TensorToWrite:
-        return TensorToWrite(self.name, self.dtype.safetensors, self.shape, self.nbytes)
+        shape = self.dtype.safetensors_shape(self.shape)
+        assert self.dtype.safetensors is not None and shape is not None  # unrepresentable ones are never planned
+        return TensorToWrite(self.name, self.dtype.safetensors, shape, self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -465,7 +467,7 @@ def _plan(
     for name in sorted(names):
         entry = names[name]
         src = dtypes.BY_NAME.get(dtypes.canonical_name(entry.dtype))
-        if src is None or not src.representable:  # safetensors has no code for it: skipped, never fatal
+        if src is None or not src.representable or src.safetensors_shape(entry.shape) is None:  # skipped, never fatal
             unrepresentable.setdefault(dtypes.canonical_name(entry.dtype), []).append(name)
             continue
         dst = out_dtype if (out_dtype is not None and src.name in casting.CASTABLE) else src
@@ -477,9 +479,13 @@ def _plan(
     if not planned:
         raise CheckpointError(f"{index.root}: no tensor under '{top_key}' has a dtype safetensors can hold")
     if out_dtype is not None:
-        kept = sorted({t.src_dtype.name for t in planned if t.src_dtype.name not in casting.CASTABLE})
-        if kept:
-            notes.append(f"non-float tensors keep their dtype ({', '.join(kept)})")
+        kept = {t.src_dtype for t in planned if t.src_dtype.name not in casting.CASTABLE}
+        plain = sorted(d.name for d in kept if not d.floating)
+        uncastable = sorted(d.name for d in kept if d.floating)
+        if plain:
+            notes.append(f"non-float tensors keep their dtype ({', '.join(plain)})")
+        if uncastable:  # torch defines no cast from them either
+            notes.append(f"{', '.join(uncastable)} tensors keep their dtype: no cast to {out_dtype.name} is defined")
 
     metadata = {"format": "pt"}
     if source.what == "optimizer":
@@ -722,7 +728,7 @@ def _verify_file(
     try:
         for tensor in planned.tensors:
             entry = header.entries[tensor.name]
-            if entry.dtype != tensor.dtype.safetensors or entry.shape != tensor.shape:
+            if entry.dtype != tensor.dtype.safetensors or entry.shape != tensor.dtype.safetensors_shape(tensor.shape):
                 raise WriteError(f"{final}: {tensor.name} has the wrong dtype or shape; nothing deleted")
             pos = header.data_start + entry.begin
             for piece in tensor_pieces(tensor.source, layouts[tensor.source.fqn], files, tensor.dtype):

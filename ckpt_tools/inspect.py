@@ -426,9 +426,10 @@ def _summary_from_header(rel: str, headers: list[SafetensorsHeader]) -> WeightsS
     count = 0
     for header in headers:
         for e in header.entries.values():
-            name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
+            known = dtypes.BY_SAFETENSORS.get(e.dtype)
+            name = known.name if known else e.dtype
             by_dtype[name] += e.nbytes
-            params[name] += e.numel
+            params[name] += e.numel // (known.packed if known else 1)
             count += 1
     return WeightsSummary(
         path=rel,
@@ -444,8 +445,9 @@ def _summary_from_header(rel: str, headers: list[SafetensorsHeader]) -> WeightsS
 def _tensors_from_header(header: SafetensorsHeader) -> list[TensorInfo]:
     out = []
     for e in header.entries.values():
-        name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
-        out.append(TensorInfo(e.name, name, e.shape))
+        dtype = dtypes.BY_SAFETENSORS.get(e.dtype)
+        shape = (dtype.torch_shape(e.shape) if dtype else None) or e.shape  # F4: torch's float4_e2m1fn_x2 shape
+        out.append(TensorInfo(e.name, dtype.name if dtype else e.dtype, shape))
     return out
 
 

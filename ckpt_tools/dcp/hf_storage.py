@@ -140,22 +140,22 @@ def load(folder: str | os.PathLike[str]) -> HfStorage:
         info = _sharding_info(header, problems)
         sharded = sharded or info is not None
         for name, entry in header.entries.items():
-            if entry.dtype not in dtypes.BY_SAFETENSORS:
+            dtype = dtypes.BY_SAFETENSORS.get(entry.dtype)
+            shape = dtype.torch_shape(entry.shape) if dtype is not None else None
+            if shape is None:
                 continue  # reported in header.problems
-            offsets = _offsets(info, name, len(entry.shape), path.name, problems)
+            offsets = _offsets(info, name, len(shape), path.name, problems)
             if offsets is None:
                 continue
             if (name, offsets) in seen:
                 problems.append(f"{path.name}: {name} at {list(offsets)} is saved twice in {root}")
                 continue
             seen.add((name, offsets))
-            piece = Piece(
-                name, path.name, entry.dtype, entry.shape, offsets, header.data_start + entry.begin, entry.nbytes
-            )
+            piece = Piece(name, path.name, entry.dtype, shape, offsets, header.data_start + entry.begin, entry.nbytes)
             known = pieces.setdefault(name, [])
             if known and (known[0].dtype, len(known[0].shape)) != (piece.dtype, len(piece.shape)):
                 problems.append(
-                    f"{path.name}: {name} is {entry.dtype}{list(entry.shape)}, {known[0].file} says {known[0].dtype}"
+                    f"{path.name}: {name} is {entry.dtype}{list(shape)}, {known[0].file} says {known[0].dtype}"
                 )
                 continue
             known.append(piece)

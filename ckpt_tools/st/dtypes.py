@@ -21,7 +21,9 @@ class DType:
 
     ``safetensors`` is None for the types torch saves in a DCP checkpoint that no safetensors
     file can hold (complex128, complex32, the sub-byte and bit types): they are read and checked
-    like any other, and ``convert-dcp`` skips them with a note.
+    like any other, and ``convert-dcp`` skips them with a note. ``packed`` is how many
+    safetensors elements one torch element is: torch's float4_e2m1fn_x2 holds two 4-bit values a
+    byte, which safetensors writes as ``F4`` with the last dim doubled (so a 0-d one has no form).
     """
 
     name: str  # torch's canonical name, without "torch."
@@ -29,9 +31,24 @@ class DType:
     itemsize: int
     numpy: str | None
     floating: bool
+    packed: int = 1
 
     def __str__(self) -> str:
         return self.name
+
+    def safetensors_shape(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The shape a safetensors header gives a tensor of ``shape`` (None: it has none)."""
+        if self.packed == 1:
+            return shape
+        return (*shape[:-1], shape[-1] * self.packed) if shape else None
+
+    def torch_shape(self, header_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The torch shape of a safetensors entry of ``header_shape`` (None: not a whole number of elements)."""
+        if self.packed == 1:
+            return header_shape
+        if not header_shape or header_shape[-1] % self.packed:
+            return None
+        return (*header_shape[:-1], header_shape[-1] // self.packed)
 
     @property
     def representable(self) -> bool:
@@ -50,6 +67,7 @@ _TABLE = (
     DType("float8_e5m2fnuz", "F8_E5M2FNUZ", 1, None, True),
     DType("float8_e8m0fnu", "F8_E8M0", 1, None, True),
     DType("complex64", "C64", 8, "<c8", False),
+    DType("float4_e2m1fn_x2", "F4", 1, None, True, packed=2),
     DType("int64", "I64", 8, "<i8", False),
     DType("int32", "I32", 4, "<i4", False),
     DType("int16", "I16", 2, "<i2", False),
@@ -61,13 +79,11 @@ _TABLE = (
     DType("bool", "BOOL", 1, "|b1", False),
 )
 
-# Types a DCP checkpoint may hold that safetensors cannot: complex128 has no code at all;
-# float4_e2m1fn_x2 is written as "F4" with a doubled last dim that safetensors' torch loader
-# cannot read back; the bit and sub-byte types are torch-internal shells (1 byte an element).
+# Types a DCP checkpoint may hold that safetensors cannot: complex128 and complex32 have no
+# code; the bit and sub-byte types are torch-internal shells (1 byte an element).
 _UNREPRESENTABLE = (
     DType("complex128", None, 16, "<c16", False),
     DType("complex32", None, 4, None, False),
-    DType("float4_e2m1fn_x2", None, 1, None, True),
     DType("bits16", None, 2, None, False),
     *(DType(name, None, 1, None, False) for name in ("bits8", "bits1x8", "bits2x4", "bits4x2")),
     *(DType(f"{kind}{n}", None, 1, None, False) for kind in ("int", "uint") for n in range(1, 8)),

@@ -2,9 +2,9 @@
 
 ``model/`` is ``dcp.save({"model": {...}}, no_dist=True)`` - accelerate's layout - with a tensor
 of each of torch's dense dtypes: the ones safetensors can hold (float64 ... bool, complex64, the
-five float8 types, uint16/32/64) and the ones it cannot (complex128, float4_e2m1fn_x2, whose
-``F4`` safetensors' torch loader cannot read back, and complex32; torch's DCP cannot save the
-sub-byte ``uint4``: its element size raises in ``torch.iinfo``). The values cover
+five float8 types, uint16/32/64, float4_e2m1fn_x2 as ``F4``) and the ones it cannot (complex128,
+complex32; torch's DCP cannot save the sub-byte ``uint4`` at all: its element size raises in
+``torch.iinfo``). The values cover
 each type's special values (NaN, infinities, subnormals, every float8 byte value).
 """
 

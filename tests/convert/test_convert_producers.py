@@ -35,7 +35,7 @@ from tests.support.producers import (
     torch_rank_local,
 )
 
-UNREPRESENTABLE = {"c128": "complex128", "c32": "complex32", "f4x2": "float4_e2m1fn_x2"}
+UNREPRESENTABLE = {"c128": "complex128", "c32": "complex32"}
 CAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -155,6 +155,7 @@ def test_every_dtype_safetensors_holds_is_copied_through(converted: dict[str, An
         "torch.float8_e5m2fnuz",
         "torch.float8_e8m0fnu",
         "torch.uint64",
+        "torch.float4_e2m1fn_x2",
     }
     assert_same(got, want)
     notes = converted["results"]["dtypes"]["result"]["notes"]
@@ -167,10 +168,9 @@ def test_dtype_casts_every_floating_tensor_as_torch_does(converted: dict[str, An
     """``--dtype``: float8 (every byte value, NaNs included), bf16, fp16, fp64 cast as ``tensor.to``; others kept."""
     reference = torch_dcp(DTYPES_DCP, converted["scratch"])
     target = CAST[dtype]
-    want = {
-        k: (v.to(target) if v.is_floating_point() else v).contiguous()
-        for k, v in reference.items()
-        if k not in UNREPRESENTABLE
+    castable = {k: v.is_floating_point() and v.dtype != torch.float4_e2m1fn_x2 for k, v in reference.items()}
+    want = {  # torch defines no cast from float4_e2m1fn_x2 ("copy_kernel" not implemented): kept, as the tool does
+        k: (v.to(target) if castable[k] else v).contiguous() for k, v in reference.items() if k not in UNREPRESENTABLE
     }
     got = written(converted, f"dtypes {dtype}")
     if target is torch.bfloat16:

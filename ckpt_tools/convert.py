@@ -98,6 +98,7 @@ class ConvertPlan:
     index: dict[str, Any] | None
     metadata: dict[str, str]
     notes: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # tensors of a dtype safetensors cannot hold: not in the output
 
     @property
     def tensor_count(self) -> int:
@@ -206,6 +207,11 @@ def convert_dcp(
     validate.require_valid(validate.structure_problems(index))
     with ShardFiles(index.root) as files:
         plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output)
+        if delete_dcp and plan.skipped:  # never waived: the shards hold the only copy of those tensors
+            raise UsageError(
+                f"--delete-dcp: {len(plan.skipped)} tensors ({', '.join(plan.skipped[:3])}) have a dtype safetensors"
+                " cannot hold and would be lost with the shards; convert without --delete-dcp"
+            )
         deletion = Deletion.of(
             named,
             plan.dcp_dir,
@@ -517,6 +523,7 @@ def _plan(
         index=shards.index,
         metadata=metadata,
         notes=tuple(notes),
+        skipped=tuple(n for names in unrepresentable.values() for n in names),
     )
     return plan, layouts
 

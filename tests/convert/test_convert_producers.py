@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from ckpt_tools.convert import convert_dcp
-from ckpt_tools.errors import CheckpointError
+from ckpt_tools.errors import CheckpointError, UsageError
 from devtools.procs import run_cli
 from tests.support.producers import (
     DTYPES_DCP,
@@ -234,3 +234,11 @@ def test_bad_pieces_are_one_line_and_nothing_is_written(tmp_path: Path, case: st
         convert_dcp(folder, output=out, progress=False)
     assert "\n" not in str(info.value) and needle in str(info.value), str(info.value)
     assert not out.exists()
+
+
+def test_delete_dcp_never_loses_the_tensors_safetensors_cannot_hold(tmp_path: Path) -> None:
+    dcp = shutil.copytree(DTYPES_DCP, tmp_path / "model")
+    for waive in (False, True):
+        with pytest.raises(UsageError, match=r"2 tensors \(c128, c32\).*would be lost"):
+            convert_dcp(dcp, output=tmp_path / "out", delete_dcp=True, allow_unresumable=waive, progress=False)
+    assert (dcp / ".metadata").is_file() and not (tmp_path / "out").exists()

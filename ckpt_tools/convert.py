@@ -33,7 +33,7 @@ from typing import Any
 
 from ckpt_tools import convert_delete
 from ckpt_tools.convert_delete import Deletion
-from ckpt_tools.dcp import casting, selection, validate
+from ckpt_tools.dcp import casting, hf_storage, selection, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
@@ -69,7 +69,9 @@ class PlannedTensor:
         return self.source.numel * self.dtype.itemsize
 
     def to_write(self) -> TensorToWrite:
-        return TensorToWrite(self.name, self.dtype.safetensors, self.shape, self.nbytes)
+        shape = self.dtype.safetensors_shape(self.shape)
+        assert self.dtype.safetensors is not None and shape is not None  # unrepresentable ones are never planned
+        return TensorToWrite(self.name, self.dtype.safetensors, shape, self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class ConvertPlan:
     notes: tuple[str, ...] = ()
     selected: str | None = None  # the dotted key path converted ("": the top level), see ckpt_tools.dcp.selection
     left_out: tuple[str, ...] = ()  # training state under it that was not converted
+    skipped: tuple[str, ...] = ()  # tensors of a dtype safetensors cannot hold: not in the output
 
     @property
     def tensor_count(self) -> int:
@@ -204,12 +207,21 @@ def convert_dcp(
     source = _resolve_source(named, what)
     if source.interrupted:
         return _finish_interrupted(source, dry_run=dry_run, start=start)
-    if delete_dcp:
-        convert_delete.check_location(named, source.dcp_dir)  # before any work
-    index = ChunkIndex.load(source.dcp_dir)
+    if source.pieces is not None:
+        _check_pieces_request(source, output, delete_dcp)
+        index = source.pieces.to_index()
+    else:
+        if delete_dcp:
+            convert_delete.check_location(named, source.dcp_dir)  # before any work
+        index = ChunkIndex.load(source.dcp_dir)
     validate.require_valid(validate.structure_problems(index))
     with ShardFiles(index.root) as files:
         plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output, key, what is not None)
+        if delete_dcp and plan.skipped:  # never waived: the shards hold the only copy of those tensors
+            raise UsageError(
+                f"--delete-dcp: {len(plan.skipped)} tensors ({', '.join(plan.skipped[:3])}) have a dtype safetensors"
+                " cannot hold and would be lost with the shards; convert without --delete-dcp"
+            )
         deletion = Deletion.of(
             named,
             plan.dcp_dir,
@@ -335,6 +347,7 @@ class _Source:
     notes: tuple[str, ...] = ()
     step: L.StepPaths | None = None  # the step the DCP dir is in (None: a loose DCP dir)
     interrupted: tuple[Leftover, ...] = ()  # dcp_dir is gone: an earlier --delete-dcp moved it aside, unfinished
+    pieces: hf_storage.HfStorage | None = None  # dcp_dir holds torch's HF-storage pieces, not .distcp shards
 
 
 def _resolve_source(path: Path, what: str | None) -> _Source:
@@ -352,12 +365,10 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
     kind = located.kind
     if kind is L.PathKind.TRAINER_ROOT:
         newest = L.newest_trainer_step(located.path)
-        if not (newest / L.DCP_METADATA).is_file():
-            raise CheckpointError(f"{newest}: already safetensors (its newest save); nothing to convert")
         note = f"converting {newest.name}, the newest save in {located.path}"
         return replace(_resolve_source(newest, what), notes=(note,))
-    if kind is L.PathKind.SAFETENSORS_FILE:
-        raise UsageError(f"{path}: already a safetensors file; convert-dcp takes a step dir or a DCP directory")
+    if kind in (L.PathKind.SAFETENSORS_FILE, L.PathKind.SAFETENSORS_DIR):
+        return _pieces_source(located, what)
     step = L.resolve_step(path) if kind in _WHOLE_STEP or located.step is not None else None
     notes: tuple[str, ...] = ()
     if kind is L.PathKind.CHECKPOINTS_ROOT:
@@ -389,6 +400,32 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
             )
         raise CheckpointError(f"{dcp_dir}: missing - this checkpoint has no DCP shards for the {what}")
     return _Source(dcp_dir, what, pm, notes, step)
+
+
+def _pieces_source(located: L.Located, what: str | None) -> _Source:
+    """A folder of safetensors (or one file of it): torch's HF-storage pieces to merge, or nothing to convert."""
+    folder = located.path if located.kind is L.PathKind.SAFETENSORS_DIR else located.path.parent
+    store = hf_storage.load(folder)
+    hf_storage.require_sound(store)
+    if not store.needs_merge:
+        layout = " (torch's HF-storage layout, every tensor whole)" if store.sharding_info else ""
+        raise CheckpointError(
+            f"{located.path}: nothing to convert - already safetensors holding {len(store.pieces)} whole tensors{layout}"
+        )
+    notes = () if folder == located.path else (f"merging every piece in {folder}/, not only {located.path.name}",)
+    return _Source(folder, what or "model", None, notes, pieces=store)
+
+
+def _check_pieces_request(source: _Source, output: str | os.PathLike[str] | None, delete_dcp: bool) -> None:
+    if delete_dcp:
+        raise UsageError(
+            f"{source.dcp_dir}: --delete-dcp removes DCP shard directories only, not torch's HF-storage pieces"
+        )
+    if output is None:
+        raise UsageError(
+            f"{source.dcp_dir}: holds torch's HF-storage pieces; give --output DIR (or FILE.safetensors) for the merged"
+            " tensors, which would otherwise mix with the pieces"
+        )
 
 
 def _output_dtype(dtype: str | None) -> DType | None:
@@ -443,16 +480,30 @@ def _plan(
 
     layouts: dict[str, list[ChunkLayout]] = {}
     planned: list[PlannedTensor] = []
+    unrepresentable: dict[str, list[str]] = {}
+    piece_layouts = source.pieces.layouts() if source.pieces is not None else None
     for name in sorted(names):
         entry = names[name]
-        src = dtypes.lookup(entry.dtype, what=f"{index.root}: tensor {entry.fqn}")
+        src = dtypes.BY_NAME.get(dtypes.canonical_name(entry.dtype))
+        if src is None or not src.representable or src.safetensors_shape(entry.shape) is None:  # skipped, never fatal
+            unrepresentable.setdefault(dtypes.canonical_name(entry.dtype), []).append(name)
+            continue
         dst = out_dtype if (out_dtype is not None and src.name in casting.CASTABLE) else src
-        layouts[entry.fqn] = validate.tensor_layouts(entry, files)
+        layouts[entry.fqn] = piece_layouts[entry.fqn] if piece_layouts else validate.tensor_layouts(entry, files)
         planned.append(PlannedTensor(name, entry, src, dst))
+    for dtype_name, skipped in sorted(unrepresentable.items()):
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        notes.append(f"skipped {len(skipped)} {dtype_name} tensors ({shown}): safetensors cannot hold {dtype_name}")
+    if not planned:
+        raise CheckpointError(f"{index.root}: no tensor under {sel.label} has a dtype safetensors can hold")
     if out_dtype is not None:
-        kept = sorted({t.src_dtype.name for t in planned if t.src_dtype.name not in casting.CASTABLE})
-        if kept:
-            notes.append(f"non-float tensors keep their dtype ({', '.join(kept)})")
+        kept = {t.src_dtype for t in planned if t.src_dtype.name not in casting.CASTABLE}
+        plain = sorted(d.name for d in kept if not d.floating)
+        uncastable = sorted(d.name for d in kept if d.floating)
+        if plain:
+            notes.append(f"non-float tensors keep their dtype ({', '.join(plain)})")
+        if uncastable:  # torch defines no cast from them either
+            notes.append(f"{', '.join(uncastable)} tensors keep their dtype: no cast to {out_dtype.name} is defined")
 
     metadata = {"format": "pt"}
     if source.what == "optimizer":
@@ -487,6 +538,7 @@ def _plan(
         notes=tuple(notes),
         selected=selection.dotted(sel.prefix),
         left_out=tuple(selection.dotted(p) for p in sel.left_out),
+        skipped=tuple(n for names in unrepresentable.values() for n in names),
     )
     return plan, layouts
 
@@ -527,9 +579,8 @@ def _decode_objects(index: ChunkIndex, sel: selection.Selection, files: ShardFil
             continue
         what = f"{item.file} ({item.fqn})"
         try:
-            loaded = read_pickled_object(
-                files.fd(item.file), item.offset, item.length, validate.PLAIN_OBJECTS, what=what
-            )
+            fd, start, length = files.span(item, limit=validate.OBJECT_LIMIT)
+            loaded = read_pickled_object(fd, start, length, validate.PLAIN_OBJECTS, what=what)
             value = plain_data(loaded)
         except (CkptError, ValueError) as e:
             skipped.append(f"skipped non-tensor item {item.fqn}: {e}")
@@ -713,7 +764,7 @@ def _verify_file(
     try:
         for tensor in planned.tensors:
             entry = header.entries[tensor.name]
-            if entry.dtype != tensor.dtype.safetensors or entry.shape != tensor.shape:
+            if entry.dtype != tensor.dtype.safetensors or entry.shape != tensor.dtype.safetensors_shape(tensor.shape):
                 raise WriteError(f"{final}: {tensor.name} has the wrong dtype or shape; nothing deleted")
             pos = header.data_start + entry.begin
             for piece in tensor_pieces(tensor.source, layouts[tensor.source.fqn], files, tensor.dtype):

@@ -1,7 +1,9 @@
 """``inspect_path``: what a checkpoint path holds and whether it is healthy - from headers only.
 
 Works on a checkpoints root, a step dir, ``pretrained_model/``, ``training_state/``, a DCP
-dir or a single ``.safetensors`` file. It reads ``training_step.json``, DCP ``.metadata``,
+dir (rank-local metadata and torch's zstd extension included), a single ``.safetensors`` file or
+a folder of them (``convert-dcp --max-shard-size`` output, torch's HF storage writer: its
+distributed pieces are shown as pieces of the tensors they belong to, never as whole tensors). It reads ``training_step.json``, DCP ``.metadata``,
 the few hundred header bytes of each chunk archive and each safetensors header - never
 tensor data - so it takes the same fraction of a second on any model size.
 
@@ -28,12 +30,12 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools.check import Check, Subject
-from ckpt_tools.dcp import validate
+from ckpt_tools.dcp import hf_storage, validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
@@ -141,6 +143,8 @@ def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_v
             _inspect_loose_dir(located.path, report, tensors)
     elif kind is L.PathKind.DCP_DIR:
         _inspect_dcp(located.path, located.path.name, report, tensors)
+    elif kind is L.PathKind.SAFETENSORS_DIR:
+        _inspect_safetensors_dir(located.path, report, tensors)
     else:
         _inspect_safetensors(located.path, located.path.name, report, tensors)
     if report.checkpoint is None and kind not in (L.PathKind.CHECKPOINTS_ROOT, L.PathKind.TRAINER_ROOT):
@@ -375,6 +379,8 @@ def _inspect_safetensors(path: Path, rel: str, report: InspectReport, tensors: b
     header = _header_check(path, rel, report)
     if header is None:
         return
+    if hf_storage.SHARDING_INFO_KEY in header.metadata and _inspect_piece_file(header, rel, report, tensors):
+        return
     report.weights.append(_summary_from_header(rel, [header]))
     if tensors:
         report.tensors.extend(_tensors_from_header(header))
@@ -449,9 +455,10 @@ def _summary_from_header(rel: str, headers: list[SafetensorsHeader]) -> WeightsS
     count = 0
     for header in headers:
         for e in header.entries.values():
-            name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
+            known = dtypes.BY_SAFETENSORS.get(e.dtype)
+            name = known.name if known else e.dtype
             by_dtype[name] += e.nbytes
-            params[name] += e.numel
+            params[name] += e.numel // (known.packed if known else 1)
             count += 1
     return WeightsSummary(
         path=rel,
@@ -467,9 +474,118 @@ def _summary_from_header(rel: str, headers: list[SafetensorsHeader]) -> WeightsS
 def _tensors_from_header(header: SafetensorsHeader) -> list[TensorInfo]:
     out = []
     for e in header.entries.values():
-        name = dtypes.BY_SAFETENSORS[e.dtype].name if e.dtype in dtypes.BY_SAFETENSORS else e.dtype
-        out.append(TensorInfo(e.name, name, e.shape))
+        dtype = dtypes.BY_SAFETENSORS.get(e.dtype)
+        shape = (dtype.torch_shape(e.shape) if dtype else None) or e.shape  # F4: torch's float4_e2m1fn_x2 shape
+        out.append(TensorInfo(e.name, dtype.name if dtype else e.dtype, shape))
     return out
+
+
+# ====================================================================== folders of safetensors, HF-storage pieces
+
+
+def _inspect_safetensors_dir(path: Path, report: InspectReport, tensors: bool) -> None:
+    """A folder of safetensors: whole tensors (with or without an index), or torch's HF-storage pieces."""
+    _leftovers(path, [path], report)
+    try:
+        store = hf_storage.load(path)
+    except CkptError as e:
+        report.checks.append(Check.fail(path.name, str(e)))
+        return
+    if store.needs_merge:
+        _inspect_pieces(store, report, tensors)
+    else:
+        indexed: set[str] = set()
+        for index in sorted(path.glob(f"*{L.SAFETENSORS_INDEX_SUFFIX}")):
+            with contextlib.suppress(CkptError):
+                indexed |= set(read_index(index).values())
+            _inspect_index(index, index.name, report, tensors)
+        for f in hf_storage.safetensors_files(path):
+            if f.name not in indexed:
+                _inspect_safetensors(f, f.name, report, tensors)
+    sharded = path / hf_storage.SHARDED_DIR
+    if sharded.is_dir() and hf_storage.safetensors_files(sharded):
+        report.notes.append(
+            f"{hf_storage.SHARDED_DIR}/ holds torch's HF-storage pieces (enable_consolidation keeps them): inspect it"
+            " to check them"
+        )
+    if not report.weights and not any(c.failed for c in report.checks):
+        report.checks.append(Check.fail("weights", f"{path}: no weights found"))
+
+
+def _inspect_pieces(store: hf_storage.HfStorage, report: InspectReport, tensors: bool) -> None:
+    """torch's distributed HF-storage save: each file's header, then whether the pieces tile every tensor."""
+    for header in store.headers:
+        _header_check(header.path, header.path.name, report)
+    index = store.to_index()
+    found = [validate.Problem(m) for m in store.problems] + validate.structure_problems(index)
+    count = sum(len(p) for p in store.pieces.values())
+    report.checks.append(
+        Check.judge(
+            "pieces",
+            not found,
+            validate.summary(found)
+            if found
+            else f"{count} pieces in {len(store.headers)} files tile all {len(store.pieces)} tensors exactly",
+        )
+    )
+    by_dtype: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    for e in index.tensors.values():
+        params[e.dtype] += e.numel
+        by_dtype[e.dtype] += e.nbytes or 0
+    report.weights.append(
+        WeightsSummary(
+            path=store.root.name,
+            format="safetensors pieces (torch HF storage)",
+            tensors=len(index.tensors),
+            parameters=sum(params.values()),
+            bytes=sum(by_dtype.values()),
+            bytes_by_dtype=dict(by_dtype),
+            parameters_by_dtype=dict(params),
+        )
+    )
+    report.notes.append(
+        f"torch's HF storage writer with save_distributed: {len(index.tensors)} tensors saved in {count} pieces;"
+        f" `convert-dcp {store.root} --output DIR` merges them into whole tensors"
+    )
+    if tensors:
+        for e in index.tensors.values():
+            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in e.chunks)
+            report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
+
+
+def _inspect_piece_file(header: SafetensorsHeader, rel: str, report: InspectReport, tensors: bool) -> bool:
+    """One file of torch's HF-storage save: report its tensors as pieces when the folder says they are.
+
+    False when every tensor of the folder is whole (rank 0's full save): the file is then read
+    as any safetensors file.
+    """
+    try:
+        store = hf_storage.load(header.path.parent)
+    except CkptError:
+        store = None
+    if store is None or not store.needs_merge:
+        return False
+    mine = [p for pieces in store.pieces.values() for p in pieces if p.file == header.path.name]
+    partial = [p for p in mine if len(store.pieces[p.name]) > 1 or p.shape != store.size(p.name)]
+    summary = _summary_from_header(rel, [header])
+    report.weights.append(replace(summary, format="safetensors pieces (torch HF storage)"))
+    if partial:
+        p = partial[0]
+        report.checks.append(
+            Check.warn(
+                f"{rel} pieces",
+                f"{len(partial)} of its {len(mine)} tensors are pieces of larger ones (torch's HF storage,"
+                f" save_distributed), e.g. {p.name} {list(p.shape)} at offset {list(p.offsets)} of"
+                f" {list(store.size(p.name))}: inspect {header.path.parent}/ or merge it with convert-dcp",
+            )
+        )
+    if tensors:
+        for p in mine:
+            name = dtypes.BY_SAFETENSORS[p.dtype].name
+            chunk = {"offsets": list(p.offsets), "sizes": list(p.shape), "file": p.file}
+            report.tensors.append(TensorInfo(p.name, name, store.size(p.name), (chunk,)))
+    return True
 
 
 # ====================================================================== DCP
@@ -483,17 +599,32 @@ def _inspect_dcp(
     except CkptError as e:
         report.checks.append(Check.fail(f"{rel}/.metadata", str(e)))
         return
+    rank_local = index.metadata.rank_local
+    read = f"rank-local metadata, the union of {', '.join(rank_local)} (no .metadata): " if rank_local else ""
     report.checks.append(
-        Check.ok(f"{rel}/.metadata", f"{len(index.tensors)} tensors, {len(index.byte_items)} other items")
+        Check.ok(f"{rel}/.metadata", f"{read}{len(index.tensors)} tensors, {len(index.byte_items)} other items")
     )
     problems = validate.structure_problems(index)
-    report.checks.append(
-        Check.judge(
-            f"{rel} chunks",
-            not problems,
-            validate.summary(problems) if problems else "every chunk inside its file; chunks tile every tensor exactly",
+    if problems and all(p.needs for p in problems):  # readable with a package installed: not the checkpoint's fault
+        report.checks.append(Check.warn(f"{rel} chunks", validate.summary(problems)))
+    else:
+        report.checks.append(
+            Check.judge(
+                f"{rel} chunks",
+                not problems,
+                validate.summary(problems)
+                if problems
+                else "every chunk inside its file; chunks tile every tensor exactly",
+            )
         )
+    if any(c.transforms for e in index.tensors.values() for c in e.chunks):
+        report.notes.append(f"{rel}: chunks are zstd-compressed (torch's ZStandard extension)")
+    unrepresentable = Counter(
+        e.dtype for e in index.tensors.values() if not (d := dtypes.BY_NAME.get(e.dtype)) or not d.representable
     )
+    if unrepresentable:
+        kinds = ", ".join(f"{n} {dtype}" for dtype, n in sorted(unrepresentable.items()))
+        report.notes.append(f"{rel}: {kinds} tensors have no safetensors dtype; convert-dcp skips them")
     if not problems:
         archives = _archive_check(index, rel)
         report.checks.append(archives)

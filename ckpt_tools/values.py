@@ -40,7 +40,12 @@ _BITS: dict[str, tuple[str, int, int]] = {
     "bfloat16": ("u2", 0x7F80, 0x007F),
     "float8_e5m2": ("u1", 0x7C, 0x03),
     "float8_e4m3fn": ("u1", 0x7F, 0x00),
+    "float8_e4m3fnuz": ("u1", 0x00, 0x00),
+    "float8_e5m2fnuz": ("u1", 0x00, 0x00),
+    "float8_e8m0fnu": ("u1", 0x00, 0x00),
 }
+# The "fnuz" float8 types and e8m0 have no infinity and a single NaN: one bit pattern each.
+_SINGLE_NAN = {"float8_e4m3fnuz": 0x80, "float8_e5m2fnuz": 0x80, "float8_e8m0fnu": 0xFF}
 
 
 def checked(dtype: DType) -> bool:
@@ -59,6 +64,8 @@ def count_nonfinite(bits: np.ndarray, dtype: DType) -> tuple[int, int]:
             return 0, 0
         nan = int(np.count_nonzero(np.isnan(values)))
         return nan, int(finite.size - np.count_nonzero(finite)) - nan
+    if dtype.name in _SINGLE_NAN:
+        return int(np.count_nonzero(bits == bits.dtype.type(_SINGLE_NAN[dtype.name]))), 0
     _, exponent, mantissa = _BITS[dtype.name]
     special = (bits & bits.dtype.type(exponent)) == exponent
     if not special.any():
@@ -158,7 +165,7 @@ def scan_dcp(index: ChunkIndex, rel: str) -> ValueScan:
             counter = _Counter()
             for chunk, layout in zip(entry.chunks, tensor_layouts(entry, files), strict=True):
                 if chunk.numel:
-                    _chunk_counts(files.fd(chunk.file), layout, counter, f"{chunk.file} ({entry.fqn})")
+                    _chunk_counts(files.data_fd(chunk), layout, counter, f"{chunk.file} ({entry.fqn})")
             tensors, values = tensors + 1, values + entry.numel
             if counter.nan or counter.inf:
                 found.append(NonFinite(rel, entry.fqn, counter.nan, counter.inf))

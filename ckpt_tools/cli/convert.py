@@ -35,6 +35,12 @@ only when what remains still resumes bit-exactly (the converted file is what the
 at the saved dtype); --allow-unresumable deletes them anyway. A rerun after a kill cleans up
 and finishes what the killed run left.
 
+Also read: DCP with rank-local metadata (__<r>.metadata) or zstd-compressed chunks (needs
+zstandard), and torch's HF-storage pieces (a folder of shard-*-model-*.safetensors written with
+save_distributed), merged by their DCP_SHARDING_INFO into --output. Safetensors that already
+hold whole tensors have nothing to convert. Every dtype safetensors can hold is copied through;
+a tensor it cannot hold (complex128, ...) is skipped with a note.
+
 \b
 Examples:
   ckpt-tools convert-dcp outputs/train/checkpoints/last

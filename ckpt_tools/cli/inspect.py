@@ -15,8 +15,9 @@ from ckpt_tools.units import human_bytes, human_count
 INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only
 (unless --check-values).
 
-PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir or a
-single .safetensors file. Prints the formats present, PEFT or not, processors, the run's
+PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir, a
+single .safetensors file or a folder of them (torch's HF-storage pieces are shown as pieces of
+their tensors). Prints the formats present, PEFT or not, processors, the run's
 topology and batch factorization (training_step.json), parameters and bytes by dtype,
 per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
 format, metadata consistency, chunk coverage, file sizes, safetensors headers. --check-values
@@ -98,6 +99,8 @@ def _print_report(report: Any, tensors: bool) -> None:
         echo("Tensors:")
         for t in report.tensors:
             chunks = f"  {len(t.chunks)} chunks" if t.chunks else ""
+            if len(t.chunks) == 1 and t.chunks[0]["sizes"] != list(t.shape):  # a piece of a larger tensor
+                chunks = f"  piece {t.chunks[0]['sizes']} at {t.chunks[0]['offsets']}"
             echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
     if report.nonfinite:
         echo("Non-finite values:")

@@ -68,7 +68,7 @@ def _slab_pieces(
         key=lambda p: p[0].offsets[0] if p[0].offsets else 0,
     )
     for chunk, layout in pairs:
-        fd = files.fd(chunk.file)
+        fd = files.data_fd(chunk)
         what = _what(entry, chunk)
         src = layout.dtype
         if not casting.needs_cast(src, out):
@@ -93,7 +93,7 @@ def _assembled_pieces(
         if chunk.numel == 0:
             continue
         extent = 1 + sum((s - 1) * st for s, st in zip(layout.size, layout.stride, strict=True))
-        data = pread_exact(files.fd(chunk.file), extent * src.itemsize, layout.data_offset, what=_what(entry, chunk))
+        data = pread_exact(files.data_fd(chunk), extent * src.itemsize, layout.data_offset, what=_what(entry, chunk))
         flat = np.frombuffer(data, dtype=raw if layout.byteorder == "little" else f">u{src.itemsize}")
         view = as_strided(flat, shape=layout.size, strides=tuple(s * src.itemsize for s in layout.stride))
         box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import IO, Protocol
 
+from ckpt_tools.dcp import transforms
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+
+UNBOUNDED = 2**62
+
+
+class Stored(Protocol):
+    """Where an item's bytes are: a span of a shard file, perhaps transformed (zstd)."""
+
+    @property
+    def file(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def transforms(self) -> tuple[str, ...]: ...
 
 
 class ShardFiles:
@@ -19,6 +37,38 @@ class ShardFiles:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._fds: dict[str, int] = {}
+        self._undone: dict[tuple[str, int], tuple[IO[bytes], int]] = {}
+
+    def span(self, item: Stored, *, limit: int) -> tuple[int, int, int]:
+        """``(fd, offset, length)`` of ``item``'s original bytes.
+
+        An untransformed item is its span of the shard file; a transformed one (torch's zstd
+        extension) is decompressed once, at most ``limit`` bytes, into an anonymous temporary
+        file that lives as long as this object.
+        """
+        if not item.transforms:
+            return self.fd(item.file), item.offset, item.length
+        key = (item.file, item.offset)
+        undone = self._undone.get(key)
+        if undone is None:
+            tmp = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as this object (closed in close())
+            try:
+                what = f"{self.root / item.file} at {item.offset}"
+                n = transforms.undo(
+                    self.fd(item.file), item.offset, item.length, item.transforms, tmp, limit=limit, what=what
+                )
+            except BaseException:
+                tmp.close()
+                raise
+            undone = self._undone[key] = (tmp, n)
+        return undone[0].fileno(), 0, undone[1]
+
+    def data_fd(self, item: Stored) -> int:
+        """The descriptor a chunk's data offsets (:class:`~ckpt_tools.dcp.reader.ChunkLayout`) refer to.
+
+        Layouts are read through :meth:`span` first, which bounds the decompression; this reuses it.
+        """
+        return self.span(item, limit=UNBOUNDED)[0]
 
     def fd(self, relative: str) -> int:
         fd = self._fds.get(relative)
@@ -35,6 +85,9 @@ class ShardFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        for tmp, _ in self._undone.values():
+            tmp.close()
+        self._undone.clear()
 
     def __enter__(self) -> ShardFiles:
         return self

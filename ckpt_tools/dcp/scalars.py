@@ -25,6 +25,6 @@ def read_scalars(index: ChunkIndex, fqns: list[str]) -> dict[str, float]:
             (layout,) = tensor_layouts(entry, files)
             chunk = entry.chunks[0]
             what = f"{chunk.file} ({fqn})"
-            raw = pread_exact(files.fd(chunk.file), layout.dtype.itemsize, layout.data_offset, what=what)
+            raw = pread_exact(files.data_fd(chunk), layout.dtype.itemsize, layout.data_offset, what=what)
             out[fqn] = decode_scalar(raw, layout.dtype, layout.byteorder)
     return out

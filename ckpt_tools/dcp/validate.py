@@ -7,7 +7,8 @@ chunks overwrite each other, and casts a chunk archive of another dtype without 
 ``inspect``, ``convert-dcp``, the resume prediction and the trainer's resume all check a DCP
 directory here first, torch-free, from ``.metadata`` and archive headers, never tensor data:
 
-- storage: every item has a storage entry, without transforms this reader cannot undo;
+- storage: every item has a storage entry, without transforms this reader cannot undo (torch's
+  zstd extension it undoes, given the ``zstandard`` package: :mod:`ckpt_tools.dcp.transforms`);
 - paths: every storage path stays inside the directory and names a regular file that exists;
 - spans: every item's span ends inside its file;
 - tiling: a tensor's chunks lie inside it, never overlap, and cover every element;
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.dcp import transforms
 from ckpt_tools.dcp.files import ShardFiles, is_inside
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.metadata import BytesMeta, ChunkMeta, TensorMeta
@@ -42,6 +44,9 @@ PLAIN_OBJECTS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): dict,
     ("_codecs", "encode"): protocol2_bytes,
 }
+# What a transformed (zstd) span may expand to beyond its tensor bytes: the archive's headers.
+ARCHIVE_SLACK = 1 * 2**20
+OBJECT_LIMIT = 2 * 2**20  # a non-tensor item's archive (its data.pkl is refused above 1 MiB)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class Problem:
 
     message: str
     unsafe: bool = False
+    needs: str | None = None  # a package that would let the tools read it (the checkpoint may be fine)
 
     @classmethod
     def of(cls, error: CkptError) -> Problem:
@@ -67,7 +73,9 @@ def summary(found: list[Problem]) -> str:
 def summary_error(found: list[Problem]) -> CheckpointError:
     """:func:`summary` as the error a reader raises: unsafe when any problem is."""
     line = summary(found)
-    return UnsafeCheckpoint(line) if any(p.unsafe for p in found) else CorruptCheckpoint(line)
+    if any(p.unsafe for p in found):
+        return UnsafeCheckpoint(line)
+    return CheckpointError(line) if all(p.needs for p in found) else CorruptCheckpoint(line)
 
 
 # ====================================================================== entry points
@@ -108,7 +116,8 @@ def archive_problems(index: ChunkIndex) -> list[Problem]:
         for item in index.byte_items.values():
             what = f"{item.file} ({item.fqn})"
             try:
-                read_pickled_object(files.fd(item.file), item.offset, item.length, PLAIN_OBJECTS, what=what)
+                fd, start, length = files.span(item, limit=OBJECT_LIMIT)
+                read_pickled_object(fd, start, length, PLAIN_OBJECTS, what=what)
             except CkptError as e:
                 return [Problem.of(e)]
         for entry in index.tensors.values():
@@ -124,7 +133,9 @@ def tensor_layouts(entry: TensorEntry, files: ShardFiles) -> list[ChunkLayout]:
     out = []
     for chunk in entry.chunks:
         what = f"{chunk.file} ({entry.fqn} chunk at {list(chunk.offsets)})"
-        layout = read_chunk_layout(files.fd(chunk.file), chunk.offset, chunk.length, what=what)
+        itemsize = entry.itemsize or 16
+        fd, start, length = files.span(chunk, limit=chunk.numel * itemsize + ARCHIVE_SLACK)
+        layout = read_chunk_layout(fd, start, length, what=what)
         if layout.dtype.name != dtypes.canonical_name(entry.dtype) or layout.size != chunk.sizes:
             raise CorruptCheckpoint(
                 f"{what}: holds {layout.dtype.name}{list(layout.size)}, .metadata says {entry.dtype}{list(chunk.sizes)}"
@@ -138,6 +149,7 @@ def tensor_layouts(entry: TensorEntry, files: ShardFiles) -> list[ChunkLayout]:
 
 def _storage_problems(index: ChunkIndex) -> list[Problem]:
     out = []
+    zstd_items = 0
     for fqn, item in index.metadata.items.items():
         keys = [None] if isinstance(item, BytesMeta) else [c.offsets for c in item.chunks]
         for offsets in keys:
@@ -146,11 +158,14 @@ def _storage_problems(index: ChunkIndex) -> list[Problem]:
                 where = "" if offsets is None else f" chunk at {list(offsets)}"
                 out.append(Problem(f"{fqn}{where}: no storage entry in .metadata (incomplete save?)"))
             elif info.transform_descriptors:
-                out.append(
-                    Problem(
-                        f"{fqn}: stored with transforms {list(info.transform_descriptors)}, which are not supported"
-                    )
-                )
+                problem = transforms.unsupported(info.transform_descriptors)
+                if problem:
+                    out.append(Problem(f"{fqn}: {problem}"))
+                else:
+                    zstd_items += 1
+    if zstd_items and not transforms.zstd_available():  # one line for the directory, not one per item
+        where = f"{index.root} ({zstd_items} items)"
+        out.append(Problem(transforms.missing_zstd_message(where), needs=transforms.ZSTD_PACKAGE))
     return out
 
 

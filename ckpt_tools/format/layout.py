@@ -3,7 +3,7 @@
 Both halves of the project go through this module: the training core writes with these
 names, and the tools find things with them. Discovery (:func:`locate`) turns whatever path
 a user typed (checkpoints root, ``last``, a step dir, ``pretrained_model/``, a DCP dir or a
-``.safetensors`` file) into a :class:`Located` record saying what it is; :func:`resolve_step`
+``.safetensors`` file or a folder of them) into a :class:`Located` record saying what it is; :func:`resolve_step`
 turns it into the one step directory a resume, a conversion or a push reads.
 
     checkpoints/
@@ -72,6 +72,10 @@ NON_MODEL_DCP_KEYS = ("optimizer", "optim", "lr_scheduler", "dataloader", "train
 # the Hugging Face safetensors of a ``last_save_in_hf`` last step (model.safetensors.index.json).
 TRAINER_CHECKPOINT_DIR = "checkpoint"
 _TRAINER_STEP_RE = re.compile(r"^step-(\d+)$")
+# dcp.save(..., use_collectives=False): each rank writes __<rank>.metadata, and no .metadata.
+DCP_RANK_METADATA_RE = re.compile(r"^__(\d+)\.metadata$")
+SAFETENSORS_SUFFIX = ".safetensors"
+SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
 
 # A save in progress lives in a hidden sibling of its final name until it is complete.
 PARTIAL_PREFIX = "."
@@ -221,6 +225,7 @@ class PathKind(str, enum.Enum):
     DCP_DIR = "dcp_dir"
     SAFETENSORS_FILE = "safetensors_file"
     TRAINER_ROOT = "trainer_root"  # another trainer's folder of step-<N>/ saves (torchtitan's checkpoint/)
+    SAFETENSORS_DIR = "safetensors_dir"  # a folder of *.safetensors (+ index): convert-dcp's, torch's HF storage
 
 
 @dataclass(frozen=True)
@@ -316,7 +321,7 @@ def locate(path: str | os.PathLike[str]) -> Located:
             return Located(p, PathKind.SAFETENSORS_FILE, step)
         if p.name == TRAIN_CONFIG or p.name == POLICY_CONFIG:
             return locate(p.parent)
-        if p.name == DCP_METADATA:
+        if p.name == DCP_METADATA or DCP_RANK_METADATA_RE.match(p.name) or p.name.endswith(SAFETENSORS_INDEX_SUFFIX):
             return locate(p.parent)
         raise CheckpointError(f"{p}: not a checkpoint file (expected a .safetensors file or a directory)")
     if (p / DCP_METADATA).exists() or any(p.glob(f"*{DCP_SHARD_SUFFIX}")):
@@ -335,8 +340,11 @@ def locate(path: str | os.PathLike[str]) -> Located:
         return locate(p / CHECKPOINTS_DIR)
     if _trainer_step_dirs(p / TRAINER_CHECKPOINT_DIR):  # torchtitan's dump folder
         return locate(p / TRAINER_CHECKPOINT_DIR)
+    if any(p.glob(f"*{SAFETENSORS_SUFFIX}")) or any(p.glob(f"*{SAFETENSORS_INDEX_SUFFIX}")):
+        return Located(p, PathKind.SAFETENSORS_DIR, _enclosing_step(p.parent))
     raise CheckpointError(
-        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata, checkpoints/ or step-N/ found)"
+        f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata, *.safetensors, checkpoints/"
+        " or step-N/ found)"
     )
 
 

@@ -112,10 +112,11 @@ def _entry(name: str, info: object, problems: list[str]) -> HeaderEntry | None:
     dtype = dtypes.BY_SAFETENSORS.get(str(code))
     if dtype is None:
         problems.append(f"{name}: unknown dtype {_show(code)}")
-    elif entry.numel * dtype.itemsize != end - begin:
-        problems.append(
-            f"{name}: {end - begin} bytes for {dtype.name}{_show(shape)} (expected {entry.numel * dtype.itemsize})"
-        )
+    elif dtype.torch_shape(entry.shape) is None:
+        problems.append(f"{name}: {code} shape {_show(shape)} does not end in a multiple of {dtype.packed}")
+    elif entry.numel // dtype.packed * dtype.itemsize != end - begin:
+        expected = entry.numel // dtype.packed * dtype.itemsize
+        problems.append(f"{name}: {end - begin} bytes for {dtype.name}{_show(shape)} (expected {expected})")
     return entry
 
 

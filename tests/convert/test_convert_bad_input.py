@@ -194,7 +194,7 @@ CASES: dict[str, tuple[Callable[[Path], None], int, tuple[str, ...]]] = {
     "symlink escape": (_symlink_escape, 3, ("symlink", "outside")),
     "overlapping chunks": (_overlap, 3, ("model.w", "overlap")),
     "missing chunk": (_missing_chunk, 3, ("model.w", "cover 32 of 40 elements")),
-    "unknown dtype": (_unknown_dtype, 3, ("model.w", "complex64", "not supported")),
+    "dtype differs from the chunks": (_unknown_dtype, 3, ("model.w", "holds float32", ".metadata says complex64")),
     "not DCP metadata": (_not_a_metadata_pickle, 3, ("not a DCP Metadata",)),
     "garbage .metadata": (_garbage_metadata, 3, ("not a valid pickle",)),
 }

@@ -69,3 +69,17 @@ def test_a_strided_chunk_is_read_slab_by_slab(tmp_path: Path, monkeypatch: pytes
         values._chunk_counts(f.fileno(), layout, counter, "chunk")
     assert (counter.nan, counter.inf) == (2, 1)
     assert len(reads) > 1 and max(reads) <= 1024
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu],
+)
+def test_every_float8_byte_value_counts_as_torch_says(dtype: torch.dtype) -> None:
+    """All 256 bit patterns: the fnuz types and e8m0 have one NaN each and no infinity."""
+    every = torch.arange(256, dtype=torch.uint8)
+    wide = every.view(dtype).double()
+    expected = (int(wide.isnan().sum()), int(wide.isinf().sum()))
+    info = dtypes.lookup(str(dtype))
+    assert values.checked(info) and expected[0] > 0
+    assert values.count_nonfinite(every.numpy(), info) == expected

@@ -172,6 +172,10 @@ def _await_launcher_stop(code: int) -> None:
     real line killed before it printed it.
     """
     signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+    from ckpt_tools.train.stopping import sigterm_seen
+
+    if sigterm_seen():  # it came already, while this rank sat in the collective: the launcher is stopping the job
+        os._exit(code)
     deadline = time.monotonic() + PEER_LOST_GRACE_S
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -24,6 +24,14 @@ class TrainingStopped(CkptError):
     exit_code = 143  # type: ignore[assignment]  # 128 + SIGTERM, as shells report it
 
 
+_sigterm_seen = False  # any SIGTERM this process got while a StopRequest was installed
+
+
+def sigterm_seen() -> bool:
+    """Did the launcher already ask this process to stop (a SIGTERM the handler took)?"""
+    return _sigterm_seen
+
+
 class StopRequest:
     def __init__(self) -> None:
         self.requested = False  # this rank got SIGTERM (set by the handler only)
@@ -37,7 +45,9 @@ class StopRequest:
         return request
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        global _sigterm_seen
         self.requested = True
+        _sigterm_seen = True
 
     def uninstall(self) -> None:
         if self._previous is not None:

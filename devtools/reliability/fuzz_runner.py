@@ -500,9 +500,16 @@ def cli_problems(proc: subprocess.CompletedProcess[str], what: str) -> list[str]
 
 
 def run_cli_case(
-    seed: Seed, family: str | Family, rng_seed: int, workdir: Path, *, timeout: float = 60.0
+    seed: Seed,
+    family: str | Family,
+    rng_seed: int,
+    workdir: Path,
+    *,
+    timeout: float = 60.0,
+    commands: tuple[str, ...] | None = None,
 ) -> CaseResult:
-    """The same case, but every command as a real ``ckpt-tools`` process without torch importable."""
+    """The same case, but every command (or those of ``commands``, by name) as a real ``ckpt-tools``
+    process without torch importable."""
     rng = random.Random(rng_seed)
     arena = new_arena(workdir / f"cli-{rng_seed}", seed.step_dir)
     try:
@@ -512,7 +519,7 @@ def run_cli_case(
         result = CaseResult(seed.name, mutation.family, mutation.detail, f"cli:{form}")
         before = snapshot(arena.root)
         env = no_torch_env(dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **NO_NETWORK_ENV))
-        for args in CLI_COMMANDS:
+        for args in CLI_COMMANDS if commands is None else [a for a in CLI_COMMANDS if a[0] in commands]:
             argv = [a.format(target=target, out=arena.out) for a in args]
             name = " ".join(args[:1] + tuple(a for a in args[2:] if a.startswith("--") and a != "--output"))
             try:

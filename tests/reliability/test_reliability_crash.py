@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from devtools.reliability import crash_harness as H
+from devtools.training import TINY
 
 pytestmark = pytest.mark.torchrun
 
@@ -25,7 +26,7 @@ def _clean(trials: list[H.Trial]) -> None:
 
 
 def test_sigterm_during_an_async_save_finishes_it_and_stops_cleanly(tmp_path: Path) -> None:
-    chain = H.Chain(tmp_path / "run", "fsdp-safetensors_dcp", True, 21)
+    chain = H.Chain(tmp_path / "run", "fsdp-safetensors_dcp", True, 21, model=list(TINY))
     (trial,) = H.kill_trials(chain, 1, "sigterm")
     H.finish_chain(chain)
     _clean(chain.trials)

@@ -15,9 +15,9 @@ from ckpt_tools.errors import ConfigError
 from ckpt_tools.format.rules.startup import CHECKPOINT_FORMATS, MIXED_PRECISION_CHOICES, POLICY_DTYPES, RunSettings
 from ckpt_tools.train.config import FSDPConfig, train_config_dict
 from ckpt_tools.train.env_guard import check_accelerate_env
-from ckpt_tools.train.parallel.wrap import root_only_warning, select_wrap_units
+from ckpt_tools.train.parallel.wrap import check_tied_weights, root_only_warning, select_wrap_units
 from ckpt_tools.train.parsing import flag_names, parse_train_args, parse_train_config
-from ckpt_tools.train.policies.configs import ACTConfig
+from ckpt_tools.train.policies.configs import ACTConfig, MLPConfig, TiedACTConfig
 from ckpt_tools.train.policies.registry import make_policy
 from devtools.procs import launch_env
 from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
@@ -371,52 +371,41 @@ def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path: Path)
     assert (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes() == before
 
 
+def test_wrap_unit_rules_refuse_and_size_the_units_in_process() -> None:
+    """The sharding start-up rules on the real policies: no declared units, tied weights split, a size rule."""
+    mlp = make_policy(MLPConfig(state_dim=14, action_dim=7))
+    with pytest.raises(ConfigError, match="the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator"):
+        select_wrap_units(mlp, type(mlp), FSDPConfig())
+    units, rule = select_wrap_units(mlp, type(mlp), FSDPConfig(min_num_params=1000))
+    assert (len(units), rule) == (5, "every submodule ≥ 1,000 params")  # the banner's "wrap units" line
+    tied = make_policy(TiedACTConfig(state_dim=14, action_dim=7, dim_model=32, dim_feedforward=64, n_heads=2))
+    units, _ = select_wrap_units(tied, type(tied), FSDPConfig(wrap_modules=["TiedActionHead"]))
+    with pytest.raises(ConfigError) as refused:
+        check_tied_weights(tied, [path for path, _ in units])
+    assert str(refused.value).startswith(
+        "tied weights split across FSDP wrap units: parameter 'action_embedding.weight' is tied to"
+        " 'action_head.proj.weight'"
+    )
+    check_tied_weights(tied, [path for path, _ in select_wrap_units(tied, type(tied), FSDPConfig())[0]])
+
+
 @pytest.mark.torchrun
-@pytest.mark.parametrize(
-    "flags, needle",
-    [
-        (
-            ["--policy.type=mlp", "--parallelism.dp_shard=2"],
-            "the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator.fsdp.wrap_modules",
-        ),
-        (
-            [
-                "--policy.type=act_tied",
-                "--parallelism.dp_shard=2",
-                '--accelerator.fsdp.wrap_modules=["TiedActionHead"]',
-            ],
-            "tied weights split across FSDP wrap units: parameter 'action_embedding.weight' is tied to 'action_head.proj.weight'",
-        ),
-    ],
-)
-def test_multiprocess_refusals_name_the_flag(flags: list[str], needle: str, tmp_path: Path) -> None:
-    retyped = any(f.startswith("--policy.type") for f in flags)
-    base = [a for a in TINY if not (retyped and a.startswith("--policy."))]
-    proc = train(*base, *flags, f"--output_dir={tmp_path / 'out'}", nproc=2)
+def test_a_multiprocess_refusal_is_one_line_from_rank_0(tmp_path: Path) -> None:
+    """Decided on every rank after the process group is up: rank 0 prints it, the others stay quiet."""
+    base = [a for a in TINY if not a.startswith("--policy.")]
+    proc = train(*base, "--policy.type=mlp", "--parallelism.dp_shard=2", f"--output_dir={tmp_path / 'out'}", nproc=2)
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1, proc.stderr  # printed by rank 0 only
-    assert needle in ours[0]
+    assert "the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator.fsdp.wrap_modules" in ours[0]
     assert "step 1:" not in proc.stdout  # refused before any step ran
 
 
 @pytest.mark.torchrun
-def test_policies_without_declared_units_shard_with_flags(tmp_path: Path) -> None:
+def test_tied_weights_stay_tied_under_fsdp(tmp_path: Path) -> None:
+    """act_tied's declared units keep the tied pair in one unit: trained sharded, the saved pair is equal."""
     base = [a for a in TINY if not a.startswith("--policy.")]
-    proc = ok(
-        train(
-            *base,
-            "--policy.type=mlp",
-            "--parallelism.dp_shard=2",
-            "--accelerator.fsdp.min_num_params=1000",
-            "--steps=2",
-            "--save_freq=2",
-            f"--output_dir={tmp_path / 'mlp'}",
-            nproc=2,
-        )
-    )
-    assert "wrap units  5 units (every submodule ≥ 1,000 params)" in proc.stdout
-    proc = ok(
+    ok(
         train(
             *base,
             "--policy.type=act_tied",

@@ -33,7 +33,7 @@ from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import train_config_dict
-from ckpt_tools.train.parallel.distributed import DistEnv, barrier, is_transport_failure
+from ckpt_tools.train.parallel.distributed import DistEnv, barrier, bound_by_collective_timeout, is_transport_failure
 from ckpt_tools.train.report.procstats import PeakMemory, now
 
 
@@ -230,6 +230,7 @@ class CheckpointManager:
 
         if self._cpu_mesh is None:  # collective, once
             self._cpu_mesh = init_device_mesh("cpu", tuple(mesh.mesh.shape), mesh_dim_names=mesh.mesh_dim_names)
+            bound_by_collective_timeout(self._cpu_mesh.get_all_groups())
         return self._cpu_mesh
 
     def _on_committed(self, job: SaveJob, seconds: float) -> None:

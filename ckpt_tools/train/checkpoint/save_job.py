@@ -37,7 +37,7 @@ from ckpt_tools.train.checkpoint import parts
 from ckpt_tools.train.checkpoint.dcp_io import os_error_in
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter
 from ckpt_tools.train.data.processors import Pipeline
-from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.distributed import DistEnv, collective_timeout
 from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.policies.configs import PolicyConfig
 
@@ -56,7 +56,7 @@ class SaveGroups:
     @classmethod
     def background(cls, parallel: ParallelModel, env: DistEnv) -> SaveGroups:
         """Collective: a gloo group of its own, for saves that run beside the training loop."""
-        world = dist.new_group(backend="gloo") if env.distributed else None
+        world = dist.new_group(backend="gloo", timeout=collective_timeout()) if env.distributed else None
         return cls(world=world, rows=RowWriter.for_run(parallel, env, background=True))
 
     def barrier(self, env: DistEnv) -> None:

@@ -11,6 +11,7 @@ import datetime
 import gc
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,30 @@ class DistEnv:
         return None
 
 
+_collective_timeout: datetime.timedelta | None = None  # --collective_timeout_s of this process's group
+
+
+def collective_timeout() -> datetime.timedelta | None:
+    """The run's bound on one collective (None before :func:`init_distributed` made a group)."""
+    return _collective_timeout
+
+
+def bound_by_collective_timeout(groups: list[Any]) -> None:
+    """Give groups made after ``init_process_group`` the run's collective timeout.
+
+    torch gives a new group (each dimension of a device mesh, a background save's own group)
+    its backend's default instead (30 minutes for gloo, 10 for NCCL), not the world's: an HSDP
+    rank that stalls inside FSDP's reduce-scatter, which runs on the mesh's shard group, held
+    the others there for half an hour instead of ``--collective_timeout_s``.
+    """
+    if _collective_timeout is None:
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    for group in groups:
+        _set_pg_timeout(_collective_timeout, group)
+
+
 def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = env_rank()
@@ -56,11 +81,13 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         backend = "gloo"
     if world_size == 1 and "MASTER_ADDR" not in os.environ:
         return DistEnv(0, 0, 1, 1, device, None)
+    global _collective_timeout
+    _collective_timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         # A bounded timeout: a rank that dies makes the others fail instead of hanging forever.
         dist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=_collective_timeout,
             device_id=device if backend == "nccl" else None,
         )
     return DistEnv(rank, local_rank, world_size, local_world, device, backend)

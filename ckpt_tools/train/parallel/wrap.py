@@ -22,7 +22,7 @@ from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
 from ckpt_tools.format.record import Layout, layout_for
 from ckpt_tools.format.rules.ignored_modules import ignored_regex, module_is_ignored
 from ckpt_tools.train.config import FSDPConfig
-from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.parallel.distributed import DistEnv, bound_by_collective_timeout
 from ckpt_tools.train.parallel.precision import PrecisionPlan
 
 
@@ -216,8 +216,11 @@ def build_mesh(env: DistEnv, dp_replicate: int, dp_shard: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     if dp_replicate > 1:
-        return init_device_mesh(env.device.type, (dp_replicate, dp_shard), mesh_dim_names=("dp_replicate", "dp_shard"))
-    return init_device_mesh(env.device.type, (dp_shard,), mesh_dim_names=("dp_shard",))
+        mesh = init_device_mesh(env.device.type, (dp_replicate, dp_shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+    else:
+        mesh = init_device_mesh(env.device.type, (dp_shard,), mesh_dim_names=("dp_shard",))
+    bound_by_collective_timeout(mesh.get_all_groups())
+    return mesh
 
 
 def parallelize(

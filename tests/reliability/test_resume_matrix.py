@@ -53,8 +53,7 @@ SOURCE_FORMATS = {
 }
 FIXTURE_SOURCES = {("ddp", "safetensors"): "ddp", ("fsdp", "safetensors_dcp"): "fsdp", ("hsdp", "dcp"): "hsdp"}
 CI_CELLS = [
-    ("1proc", "safetensors", "fsdp"),  # a flat optimizer file into FSDP shards
-    ("ddp", "safetensors", "hsdp"),  # flat files onto a 2-D mesh
+    ("ddp", "safetensors", "hsdp"),  # flat files (model and optimizer) onto a 2-D mesh of FSDP shards
     ("hsdp", "dcp", "ddp"),  # DCP shards of a 2-D mesh into full replicas
     ("hsdp", "dcp", "1proc"),  # ... and into one process
 ]

@@ -21,6 +21,7 @@ from ckpt_tools.train.policies.configs import ACTConfig, MLPConfig, TiedACTConfi
 from ckpt_tools.train.policies.registry import make_policy
 from devtools.procs import launch_env
 from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
+from tests.support.run_copy import copy_run
 from tests.support.train_cli import exits_in_process, refused_in_process
 
 
@@ -362,13 +363,14 @@ def test_accelerate_engine_variables_are_refused_unless_acknowledged(
     assert "acknowledged and ignored" in proc.stdout
 
 
-def test_existing_checkpoints_are_not_overwritten_without_resume(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    ok(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={out}"))
-    before = (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes()
-    line = one_error_line(train(*TINY, "--steps=1", "--save_freq=1", f"--output_dir={out}"))
+def test_existing_checkpoints_are_not_overwritten_without_resume(runs: dict[str, Path], tmp_path: Path) -> None:
+    # Decided in the training loop's start (a process of its own: the refusal exits it at once).
+    out = copy_run(runs["ddp"], tmp_path / "out")
+    weights = out / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"
+    before = weights.read_bytes()
+    line = one_error_line(train(*TINY, "--steps=4", "--save_freq=4", f"--output_dir={out}"))
     assert "already holds checkpoints; pass --resume=true" in line
-    assert (out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").read_bytes() == before
+    assert weights.read_bytes() == before
 
 
 def test_wrap_unit_rules_refuse_and_size_the_units_in_process() -> None:

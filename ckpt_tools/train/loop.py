@@ -28,6 +28,7 @@ from ckpt_tools.train.parallel.groups import mesh_groups
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
 from ckpt_tools.train.parallel.shared_storage import require_shared_output_dir, same_resume_on_every_rank
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
+from ckpt_tools.train.policies import skip_init
 from ckpt_tools.train.policies.base import PreTrainedPolicy
 from ckpt_tools.train.policies.registry import make_policy
 from ckpt_tools.train.policies.size import require_fits
@@ -66,8 +67,14 @@ def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_policy(cfg: TrainConfig, dataset: RobotDataset) -> tuple[PreTrainedPolicy, Pipeline, Pipeline]:
-    """The policy (fresh, or from ``--policy.path``) and its processors, on CPU in fp32."""
+def build_policy(
+    cfg: TrainConfig, dataset: RobotDataset, resuming: bool = False
+) -> tuple[PreTrainedPolicy, Pipeline, Pipeline]:
+    """The policy (fresh, or from ``--policy.path``) and its processors, on CPU in fp32.
+
+    ``resuming``: the checkpoint will overwrite every value, so the policy may come back on the
+    meta device, uninitialized (:mod:`~ckpt_tools.train.policies.skip_init`).
+    """
     policy_cfg = cfg.policy
     assert policy_cfg is not None
     for name, value in (("state_dim", dataset.state_dim), ("action_dim", dataset.action_dim)):
@@ -76,7 +83,11 @@ def build_policy(cfg: TrainConfig, dataset: RobotDataset) -> tuple[PreTrainedPol
             raise ConfigError(f"--policy.{name}={current} does not match the dataset ({value})")
         setattr(policy_cfg, name, value)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    policy = make_policy(policy_cfg)
+    policy = None
+    if skip_init.skips_init(resuming, cfg.peft is not None, bool(policy_cfg.path)):
+        policy = skip_init.build_on_meta(lambda: make_policy(policy_cfg))
+    if policy is None:
+        policy = make_policy(policy_cfg)
     pre, post = make_processors(dataset.stats)
     if policy_cfg.path:
         from ckpt_tools.train.pretrained import load_pretrained_into
@@ -93,7 +104,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     if refusal is not None:
         raise ConfigError(refusal)
     require_shared_output_dir(env, Path(str(cfg.output_dir)))
-    state, dataset, counts = build_state(cfg, env, topology)
+    state, dataset, counts = build_state(cfg, env, topology, resuming=resume_from is not None)
     startup.mark("build")
     manager = CheckpointManager(state)
     banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
@@ -120,11 +131,13 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
 
 
 def build_state(
-    cfg: TrainConfig, env: DistEnv, topology: Topology
+    cfg: TrainConfig, env: DistEnv, topology: Topology, resuming: bool = False
 ) -> tuple[TrainingState, RobotDataset, tuple[int, int]]:
     """Dataset, policy (+ LoRA), layout, optimizer, scheduler, scaler and sampler, ready to train.
 
     Returns the state, the dataset and (parameter count, trainable count) for the banner.
+    ``resuming``: a checkpoint is loaded next, so the weights may be left uninitialized (built on
+    the meta device, given storage once laid out: sharded already under FSDP).
     """
     assert cfg.policy is not None
     dataset = load_dataset(
@@ -138,7 +151,7 @@ def build_state(
         peft=bool(cfg.peft),
         on_host=env.device.type == "cpu",
     )
-    policy, pre, post = build_policy(cfg, dataset)
+    policy, pre, post = build_policy(cfg, dataset, resuming)
     peft_model = None
     model: torch.nn.Module = policy
     if cfg.peft is not None:
@@ -147,7 +160,11 @@ def build_state(
     precision = resolve_precision(cfg, topology.layout.sharded)
     if precision.mode != "no" or precision.uses_fsdp_policy:
         peft_support.upcast_trainable(model)
-    model.to(env.device)
+    on_meta = skip_init.is_on_meta(model)
+    if on_meta and not topology.layout.sharded:
+        skip_init.materialize(model, env.device)  # DDP broadcasts rank 0's weights: they must exist
+    elif not on_meta:
+        model.to(env.device)
     counts = (
         sum(p.numel() for p in policy.parameters()),
         sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -155,6 +172,8 @@ def build_state(
     parallel = parallelize(
         model, type(policy), env, topology.dp_replicate, topology.dp_shard, cfg.accelerator.fsdp, precision
     )
+    if on_meta and topology.layout.sharded:
+        skip_init.materialize(parallel.inner, env.device)  # only this rank's shards are allocated
     optimizer = torch.optim.AdamW(
         [p for p in parallel.inner.parameters() if p.requires_grad],
         lr=cfg.optimizer.lr,

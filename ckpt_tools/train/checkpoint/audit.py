@@ -16,10 +16,10 @@ from typing import IO, Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata
 
-from ckpt_tools.train.checkpoint.safe_dcp import SafeFileSystemReader
+from ckpt_tools.train.checkpoint.safe_dcp import DirectFileSystemReader
 
 
-class CountingReader(SafeFileSystemReader):
+class CountingReader(DirectFileSystemReader):
     """A DCP reader that records the span of every read request, per shard file."""
 
     def __init__(self, path: str | Path, metadata: Metadata | None = None) -> None:

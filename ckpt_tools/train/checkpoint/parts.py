@@ -107,7 +107,7 @@ def save_optimizer_dcp(optimizer_state: dict[str, Any], paths: StepPaths, group:
 
 def load_optimizer_dcp(parallel: ParallelModel, optimizer: torch.optim.Optimizer, paths: StepPaths) -> dict[str, int]:
     """Collective: reshard the saved optimizer state onto the running layout; returns the bytes read per file."""
-    state = state_dicts.sharded_optimizer_state(parallel, optimizer)
+    state = state_dicts.optimizer_state_to_load(parallel, optimizer)
     reads = dcp_load({layout.OPTIMIZER_DCP_KEY: state}, paths.optimizer_dcp, paths.root)
     state_dicts.load_sharded_optimizer_state(parallel, optimizer, state)
     return reads

@@ -13,7 +13,9 @@ from it. Here both go through restrictions:
   torch loads exactly what the validation judged; the file is size-capped and must be a
   regular file (a FIFO would block forever);
 - non-tensor items (optimizer hyper-parameters) are read with ``torch.load(weights_only=True)``,
-  torch's own data-only unpickler;
+  torch's own data-only unpickler; tensor chunks are read straight into the tensors they load
+  (:class:`DirectFileSystemReader`) after their header went through the torch-free reader, or
+  else by torch with ``weights_only=True`` as well;
 - before any of that, :func:`require_valid_dcp_inputs` checks each DCP directory the resume
   reads with :mod:`ckpt_tools.dcp.validate`, the check ``inspect`` reports: torch's loader
   would read a storage path that leaves the directory, leave uncovered elements at their
@@ -22,8 +24,10 @@ from it. Here both go through restrictions:
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import sys
 from typing import Any
 
 import torch
@@ -40,9 +44,10 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
-from ckpt_tools.dcp import validate
+from ckpt_tools.dcp import read_chunk_layout, validate
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, BytesMeta, DcpMetadata, parse_metadata
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint, shown
 from ckpt_tools.format import manifest
@@ -128,6 +133,70 @@ class SafeFileSystemReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+class DirectFileSystemReader(SafeFileSystemReader):
+    """The safe reader that reads a tensor chunk's bytes straight into the tensor being loaded.
+
+    torch's ``read_data`` gives every chunk to ``torch.load`` (a fresh tensor, parsed from the
+    chunk's zip archive), then copies that tensor into the destination: two passes over every
+    byte and a zip parse per chunk. Where nothing has to be converted - no storage transform,
+    a contiguous little-endian chunk of the destination's dtype that fills a contiguous CPU
+    destination whole (an FSDP shard loaded on the layout that saved it) - this reader finds the
+    chunk's bytes with the torch-free archive reader (:func:`ckpt_tools.dcp.read_chunk_layout`,
+    data-only unpickling of the chunk header, the one :mod:`ckpt_tools.dcp.validate` checked)
+    and reads them into the destination's memory: the same bytes torch would copy there. Every
+    other item (a resharded slice, a cast, bytes items) goes through torch's path, unchanged.
+    """
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        left: list[ReadItem] = []
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for relative_path, items in per_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                fd = stream.fileno() if hasattr(stream, "fileno") else None
+                for item in items:
+                    if fd is None or not self._read_into(fd, stream, item, planner):
+                        left.append(item)
+        if left:
+            return super().read_data(dataclasses.replace(plan, items=left), planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_into(self, fd: int, stream: Any, item: ReadItem, planner: LoadPlanner) -> bool:
+        """Read ``item`` straight into its destination; False (nothing read) when it needs torch's path."""
+        info = self.storage_data[item.storage_index]
+        if item.type != LoadItemType.TENSOR or info.transform_descriptors or any(item.storage_offsets):
+            return False
+        chunk = read_chunk_layout(fd, info.offset, info.length, what=f"{self.path}/{info.relative_path}")
+        target = planner.resolve_tensor(item).detach()
+        if (
+            chunk.byteorder != sys.byteorder
+            or not chunk.contiguous
+            or tuple(item.lengths) != chunk.size
+            or tuple(target.shape) != chunk.size
+            or chunk.dtype.name != str(target.dtype).removeprefix("torch.")
+            or target.device.type != "cpu"
+            or not target.is_contiguous()
+        ):
+            return False
+        self._slice_file(stream, info)  # what the reader was asked for (the resume audit counts it)
+        _pread_into(fd, target.reshape(-1).view(torch.uint8).numpy(), chunk.data_offset)
+        planner.commit_tensor(item, target)
+        return True
+
+
+def _pread_into(fd: int, buffer: Any, offset: int) -> None:
+    view = memoryview(buffer).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise CorruptCheckpoint(f"short read at offset {offset + done}: the shard file ends early")
+        done += n
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

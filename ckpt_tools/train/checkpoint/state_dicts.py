@@ -63,6 +63,48 @@ def sharded_optimizer_state(parallel: ParallelModel, optimizer: torch.optim.Opti
     return get_optimizer_state_dict(parallel.inner, optimizer)
 
 
+def optimizer_state_to_load(parallel: ParallelModel, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The sharded optimizer state dict a DCP load fills in place: every slot allocated, no values computed.
+
+    Before its first update an optimizer has no state, and ``get_optimizer_state_dict`` makes
+    one by running a whole optimizer step on zero gradients (lr 0): for AdamW a pass over every
+    parameter, measured as a large share of a resume's load. Allocating the slots as AdamW's own
+    lazy init does gives the same state dict (same keys, shapes, dtypes, devices and shards);
+    the load then overwrites every value, the counters included.
+    """
+    allocate_adam_slots(optimizer)
+    return get_optimizer_state_dict(parallel.inner, optimizer)
+
+
+def allocate_adam_slots(optimizer: torch.optim.Optimizer) -> bool:
+    """Create the state Adam/AdamW's lazy init would, zero-filled; False (nothing done) for another optimizer.
+
+    As ``Adam._init_group`` does on its first step for a parameter that has a gradient: a CPU
+    ``step`` counter in the default scalar dtype, ``exp_avg`` and ``exp_avg_sq`` (and
+    ``max_exp_avg_sq`` with amsgrad) shaped like the parameter. Fused and capturable variants
+    keep their counter elsewhere and are left to torch.
+    """
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or optimizer.state:
+        return False
+    groups = optimizer.param_groups
+    if any(g.get("fused") or g.get("capturable") or g.get("differentiable") for g in groups):
+        return False
+    step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    for group in groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            slots = {
+                "step": torch.tensor(0.0, dtype=step_dtype),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
+            if group["amsgrad"]:
+                slots["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            optimizer.state[p] = slots
+    return True
+
+
 def load_sharded_optimizer_state(
     parallel: ParallelModel, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:

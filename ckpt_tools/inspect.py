@@ -528,21 +528,8 @@ def _inspect_pieces(store: hf_storage.HfStorage, report: InspectReport, tensors:
             else f"{count} pieces in {len(store.headers)} files tile all {len(store.pieces)} tensors exactly",
         )
     )
-    by_dtype: Counter[str] = Counter()
-    params: Counter[str] = Counter()
-    for e in index.tensors.values():
-        params[e.dtype] += e.numel
-        by_dtype[e.dtype] += e.nbytes or 0
     report.weights.append(
-        WeightsSummary(
-            path=store.root.name,
-            format="safetensors pieces (torch HF storage)",
-            tensors=len(index.tensors),
-            parameters=sum(params.values()),
-            bytes=sum(by_dtype.values()),
-            bytes_by_dtype=dict(by_dtype),
-            parameters_by_dtype=dict(params),
-        )
+        WeightsSummary(path=store.root.name, format="safetensors pieces (torch HF storage)", **_totals(index))
     )
     report.notes.append(
         f"torch's HF storage writer with save_distributed: {len(index.tensors)} tensors saved in {count} pieces;"
@@ -644,21 +631,11 @@ def _inspect_dcp(
                 f"shards from {got} ranks, training_step.json says world_size {expected}",
             )
         )
-    by_dtype: Counter[str] = Counter()
-    params: Counter[str] = Counter()
-    for e in index.tensors.values():
-        params[e.dtype] += e.numel
-        if e.nbytes is not None:
-            by_dtype[e.dtype] += e.nbytes
     report.weights.append(
         WeightsSummary(
             path=rel,
             format="dcp",
-            tensors=len(index.tensors),
-            parameters=sum(params.values()),
-            bytes=sum(by_dtype.values()),
-            bytes_by_dtype=dict(by_dtype),
-            parameters_by_dtype=dict(params),
+            **_totals(index),
             ranks=ranks,
             top_level_keys=tuple(sorted(str(k) for k in index.top_level_keys())),
         )
@@ -684,3 +661,20 @@ def _rel(root: Path, path: Path) -> str:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
+
+
+def _totals(index: ChunkIndex) -> dict[str, Any]:
+    """Tensor, parameter and byte counts of a chunk index, in all and by dtype (a WeightsSummary's numbers)."""
+    by_dtype: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    for e in index.tensors.values():
+        params[e.dtype] += e.numel
+        if e.nbytes is not None:  # a dtype of unknown width counts its parameters only
+            by_dtype[e.dtype] += e.nbytes
+    return {
+        "tensors": len(index.tensors),
+        "parameters": sum(params.values()),
+        "bytes": sum(by_dtype.values()),
+        "bytes_by_dtype": dict(by_dtype),
+        "parameters_by_dtype": dict(params),
+    }

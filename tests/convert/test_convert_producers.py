@@ -15,8 +15,6 @@ runs in a process where importing torch fails.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +26,11 @@ from ckpt_tools.convert import convert_dcp
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout as L
-from devtools.procs import REPO, no_torch_env, run_cli
+from devtools.procs import run_cli
 from tests.support.cli import invoke_cli
 from tests.support.dcp_fixtures import copy_tree, torch_reference
+from tests.support.producers import PRODUCERS, convert_without_torch, same_bits
 
-PRODUCERS = REPO / "fixtures" / "producers"
 TITAN = PRODUCERS / "torchtitan" / "checkpoint"
 TUTORIAL = PRODUCERS / "dcp_tutorial" / "checkpoint"
 TITAN_STATES = {"optimizer", "lr_scheduler", "dataloader", "train_state"}  # torchtitan's non-model entries
@@ -46,12 +44,6 @@ def refs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 def _inputs() -> dict[str, Path]:
     return {"step-2": TITAN / "step-2", "step-4": TITAN / "step-4", "tutorial": TUTORIAL}
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return a.contiguous().view(-1).view(torch.uint8).equal(b.contiguous().view(-1).view(torch.uint8))
 
 
 def assert_identical(got: dict[str, torch.Tensor], ref: dict[str, Any]) -> None:
@@ -71,7 +63,7 @@ def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# Conversions run by the API in one torch-blocked process: (fixture, options, output dir name).
+# Conversions run by the API in one torch-blocked process: name -> (fixture, options).
 CONVERSIONS = {
     "titan-full": ("step-2", {}),
     "titan-optimizer": ("step-2", {"what": "optimizer"}),
@@ -79,34 +71,25 @@ CONVERSIONS = {
     "tutorial-key": ("tutorial", {"key": "app.model"}),
     "tutorial-optimizer": ("tutorial", {"what": "optimizer"}),
 }
-RUN_ALL = """
-import json, sys
-from pathlib import Path
-from ckpt_tools.convert import convert_dcp
-jobs = json.loads(sys.argv[1])
-out = {}
-for name, (src, options) in jobs.items():
-    r = convert_dcp(src, output=Path(sys.argv[2]) / name, progress=False, **options)
-    out[name] = {"files": [str(p) for p in r.output_files], "notes": list(r.notes), "what": r.plan.what,
-                 "selected": r.plan.selected, "left_out": list(r.plan.left_out)}
-assert "torch" not in sys.modules
-print(json.dumps(out))
-"""
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("producer-out")
-    jobs = {name: (str(_inputs()[src]), options) for name, (src, options) in CONVERSIONS.items()}
-    proc = subprocess.run(
-        [sys.executable, "-c", RUN_ALL, json.dumps(jobs), str(out)],
-        env=no_torch_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    jobs = {
+        name: {"checkpoint_dir": str(_inputs()[src]), "output": str(out / name), **options}
+        for name, (src, options) in CONVERSIONS.items()
+    }
+    results = convert_without_torch(jobs)
+    assert all("result" in r for r in results.values()), results
+    return {
+        name: {
+            "files": r["result"]["output_files"],
+            "notes": r["result"]["notes"],
+            **{k: r["result"]["plan"][k] for k in ("what", "selected", "left_out")},
+        }
+        for name, r in results.items()
+    }
 
 
 def test_the_fixtures_are_what_the_producers_write() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ckpt_tools.errors import CkptError, ConfigError, ExitCode, PeerLost, WriteError
+from ckpt_tools.train import import_heap
 from ckpt_tools.train.env_guard import env_rank
 
 PEER_LOST_GRACE_S = 3.0
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run ckpt-train; the collector is paused over the imports (``import_heap``) and never left off."""
+    import_heap.pause_collection()
+    try:
+        _main(argv)
+    finally:
+        import_heap.resume_collection()
+
+
+def _main(argv: list[str] | None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     is_main = env_rank() == 0
     try:
@@ -121,6 +131,7 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
     from ckpt_tools.train.parallel.distributed import init_distributed, is_transport_failure, teardown
     from ckpt_tools.train.report import startup
 
+    import_heap.freeze_startup_imports()
     startup.mark("imports")
     env = init_distributed(cfg.collective_timeout_s)
     startup.mark("process_group")

@@ -49,7 +49,7 @@ RUN = [*TINY, "--steps=8", "--save_freq=4", "--log_samples=true"]
 
 # layout -> (processes, flags) of those runs: what a run of another kind (two nodes, a fault
 # survived under torchrun's restarts) must end bit-identical to. The first three are the
-# session fixture's; the 4-process DDP and FSDP are run where a test needs them.
+# session fixture's; the 4-process DDP and FSDP are bin/bench-recovery's two-node rows.
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "ddp": (2, []),
     "fsdp": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"]),

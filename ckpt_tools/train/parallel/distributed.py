@@ -101,6 +101,7 @@ _TRANSPORT_FAILURES = (
     "Connection reset by peer",
     "Broken pipe",
     "gloo/transport",
+    "Application timeout caused pair closure",  # gloo, when a peer stalled past the timeout mid-transfer
     "NCCL communicator was aborted",
     "Watchdog caught collective operation timeout",
 )

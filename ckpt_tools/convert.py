@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 from ckpt_tools import convert_delete
 from ckpt_tools.convert_delete import Deletion
 from ckpt_tools.dcp import casting, hf_storage, selection, validate
+from ckpt_tools.dcp.archives import ArchiveChecker
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
@@ -214,7 +215,11 @@ def convert_dcp(
         if delete_dcp:
             convert_delete.check_location(named, source.dcp_dir)  # before any work
         index = ChunkIndex.load(source.dcp_dir)
-    validate.require_valid(validate.structure_problems(index))
+    # Shards: every chunk archive too (a fraction of a second while the index vouches for them);
+    # pieces of torch's HF storage are safetensors entries whose headers were read already.
+    validate.require_valid(
+        validate.structure_problems(index) or ([] if source.pieces else validate.archive_problems(index, objects=False))
+    )
     with ShardFiles(index.root) as files:
         plan, layouts = _plan(index, source, files, out_dtype, shard_limit, output, key, what is not None)
         if delete_dcp and plan.skipped:  # never waived: the shards hold the only copy of those tensors
@@ -440,6 +445,44 @@ def _output_dtype(dtype: str | None) -> DType | None:
 # ====================================================================== planning
 
 
+class _Layouts(Mapping[str, list[ChunkLayout]]):
+    """Each planned tensor's chunk layouts, read from the archive headers when first needed.
+
+    A plan (and a dry run) needs none; the writer needs each tensor's just before copying it.
+    One :class:`~ckpt_tools.dcp.archives.ArchiveChecker` serves them all, so chunks alike are
+    compared with the first one's headers instead of parsed.
+    """
+
+    def __init__(self, files: ShardFiles, pieces: dict[str, list[ChunkLayout]] | None) -> None:
+        self._files = files
+        self._pieces = pieces
+        self._entries: dict[str, TensorEntry] = {}
+        self._done: dict[str, list[ChunkLayout]] = {}
+        self._checker: ArchiveChecker | None = None
+
+    def add(self, entry: TensorEntry) -> None:
+        self._entries[entry.fqn] = entry
+
+    def __getitem__(self, fqn: str) -> list[ChunkLayout]:
+        found = self._done.get(fqn)
+        if found is None:
+            if self._pieces is not None:
+                found = self._pieces[fqn]
+            else:
+                entry = self._entries[fqn]
+                if self._checker is None:
+                    self._checker = ArchiveChecker(entry.table, self._files)
+                found = validate.tensor_layouts(entry, self._files, self._checker)
+            self._done[fqn] = found
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def _plan(
     index: ChunkIndex,
     source: _Source,
@@ -449,7 +492,7 @@ def _plan(
     output: str | os.PathLike[str] | None,
     key: str | None = None,
     what_given: bool = False,
-) -> tuple[ConvertPlan, dict[str, list[ChunkLayout]]]:
+) -> tuple[ConvertPlan, _Layouts]:
     notes = list(source.notes)
     sel = selection.select(index, key=key, what=source.what, what_given=what_given)
     if sel.picked:
@@ -478,10 +521,9 @@ def _plan(
             if shard_limit is not None:
                 raise UsageError("--max-shard-size: PEFT adapters are saved as one adapter_model.safetensors")
 
-    layouts: dict[str, list[ChunkLayout]] = {}
+    layouts = _Layouts(files, source.pieces.layouts() if source.pieces is not None else None)
     planned: list[PlannedTensor] = []
     unrepresentable: dict[str, list[str]] = {}
-    piece_layouts = source.pieces.layouts() if source.pieces is not None else None
     for name in sorted(names):
         entry = names[name]
         src = dtypes.BY_NAME.get(dtypes.canonical_name(entry.dtype))
@@ -489,7 +531,7 @@ def _plan(
             unrepresentable.setdefault(dtypes.canonical_name(entry.dtype), []).append(name)
             continue
         dst = out_dtype if (out_dtype is not None and src.name in casting.CASTABLE) else src
-        layouts[entry.fqn] = piece_layouts[entry.fqn] if piece_layouts else validate.tensor_layouts(entry, files)
+        layouts.add(entry)
         planned.append(PlannedTensor(name, entry, src, dst))
     for dtype_name, skipped in sorted(unrepresentable.items()):
         shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
@@ -629,7 +671,7 @@ def _existing_parent(path: Path) -> Path:
 
 
 def _write_all(
-    plan: ConvertPlan, layouts: dict[str, list[ChunkLayout]], files: ShardFiles, *, progress: bool, verify: bool
+    plan: ConvertPlan, layouts: Mapping[str, list[ChunkLayout]], files: ShardFiles, *, progress: bool, verify: bool
 ) -> list[Path]:
     created_dir = None
     if not plan.output_dir.exists():
@@ -717,7 +759,7 @@ def index_payload(plan: ConvertPlan) -> str:
     return json.dumps(plan.index, indent=2) + "\n"
 
 
-def _outputs_identical(plan: ConvertPlan, layouts: dict[str, list[ChunkLayout]], files: ShardFiles) -> bool:
+def _outputs_identical(plan: ConvertPlan, layouts: Mapping[str, list[ChunkLayout]], files: ShardFiles) -> bool:
     """Whether every planned output already exists holding exactly the planned bytes (a rerun after a kill).
 
     Read back and compared like a verification; any difference (or unreadable file) means no.
@@ -749,7 +791,7 @@ def _remove_empty_dirs(path: Path, stop: Path) -> None:
 def _verify_file(
     path: Path,
     planned: PlannedFile,
-    layouts: dict[str, list[ChunkLayout]],
+    layouts: Mapping[str, list[ChunkLayout]],
     files: ShardFiles,
     metadata: dict[str, str],
 ) -> None:

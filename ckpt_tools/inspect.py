@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ckpt_tools.check import Check, Subject
 from ckpt_tools.dcp import hf_storage, validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
@@ -586,11 +588,18 @@ def _inspect_dcp(
     except CkptError as e:
         report.checks.append(Check.fail(f"{rel}/.metadata", str(e)))
         return
-    rank_local = index.metadata.rank_local
+    rank_local = index.table.rank_local
     read = f"rank-local metadata, the union of {', '.join(rank_local)} (no .metadata): " if rank_local else ""
+    source = {"index": " (read from the save's index)", "cache": " (read from the cache)"}.get(index.origin.source, "")
     report.checks.append(
-        Check.ok(f"{rel}/.metadata", f"{read}{len(index.tensors)} tensors, {len(index.byte_items)} other items")
+        Check.ok(
+            f"{rel}/.metadata",
+            f"{read}{len(index.table.names)} tensors in {index.table.rows} chunks,"
+            f" {len(index.byte_items)} other items{source}",
+        )
     )
+    if index.origin.note:
+        report.checks.append(Check.warn(f"{rel}/{L.DCP_INDEX}", index.origin.note))
     problems = validate.structure_problems(index)
     if problems and all(p.needs for p in problems):  # readable with a package installed: not the checkpoint's fault
         report.checks.append(Check.warn(f"{rel} chunks", validate.summary(problems)))
@@ -604,7 +613,9 @@ def _inspect_dcp(
                 else "every chunk inside its file; chunks tile every tensor exactly",
             )
         )
-    if any(c.transforms for e in index.tensors.values() for c in e.chunks):
+    if (index.table.byte_items and any(b.transforms for b in index.table.byte_items)) or np.any(
+        index.table.transform[index.table.file >= 0] != 0
+    ):
         report.notes.append(f"{rel}: chunks are zstd-compressed (torch's ZStandard extension)")
     unrepresentable = Counter(
         e.dtype for e in index.tensors.values() if not (d := dtypes.BY_NAME.get(e.dtype)) or not d.representable
@@ -648,11 +659,18 @@ def _inspect_dcp(
 
 def _archive_check(index: ChunkIndex, rel: str) -> Check:
     """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data."""
+    vouched = index.archives_known_good()
     found = validate.archive_problems(index)
     if found:
         return Check.fail(f"{rel} chunk data", validate.summary(found))
-    chunks = sum(len(e.chunks) for e in index.tensors.values())
+    chunks = index.chunk_count
     items = f" and {len(index.byte_items)} non-tensor items are plain data" if index.byte_items else ""
+    if vouched:
+        how = "as the save wrote them" if index.origin.source == "index" else "as checked before"
+        return Check.ok(
+            f"{rel} chunk data",
+            f"{chunks} chunk archives {how} (every shard file's size and time unchanged since){items}",
+        )
     return Check.ok(f"{rel} chunk data", f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")
 
 

@@ -26,6 +26,20 @@ from tests.support.lanes import starts_jobs
 from tests.support.shared import shared_dir
 
 
+def _private_cache() -> None:
+    """The tools' index cache in a folder of this test session (inherited by every launched
+    process), never the user's ``~/.cache``: a test sees no entry an earlier run left."""
+    import tempfile
+
+    from ckpt_tools.dcp.cache import CACHE_DIR_ENV
+
+    if CACHE_DIR_ENV not in os.environ:
+        os.environ[CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="ckpt-tools-cache-")
+
+
+_private_cache()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile this checkout's packages once, before any test launches a process.
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.dcp.index import ChunkIndex
-from ckpt_tools.dcp.metadata import ChunkMeta, DcpMetadata, StorageInfo, TensorMeta
 from ckpt_tools.dcp.reader import ChunkLayout
+from ckpt_tools.dcp.table import TableBuilder, TableError
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
 from ckpt_tools.format.layout import SAFETENSORS_SUFFIX
 from ckpt_tools.io.safe_read import parse_json
@@ -86,15 +86,17 @@ class HfStorage:
 
     def to_index(self) -> ChunkIndex:
         """The pieces as DCP chunks (one per header entry), to be checked and merged like any DCP save."""
-        items: dict[str, TensorMeta | Any] = {}
-        storage: dict[tuple[str, tuple[int, ...] | None], StorageInfo] = {}
+        b = TableBuilder()
         for fqn, pieces in self.pieces.items():
-            dtype = dtypes.BY_SAFETENSORS[pieces[0].dtype].name
-            chunks = tuple(ChunkMeta(p.offsets, p.shape) for p in pieces)
-            items[fqn] = TensorMeta(dtype=dtype, size=self.size(fqn), chunks=chunks)
+            t = b.tensor(fqn, dtypes.BY_SAFETENSORS[pieces[0].dtype].name, self.size(fqn))
             for p in pieces:
-                storage[(fqn, p.offsets)] = StorageInfo(p.file, p.data_offset, p.nbytes)
-        return ChunkIndex.from_metadata(self.root, DcpMetadata(items=items, planner_data={}, storage=storage))
+                b.chunk(t, p.offsets, p.shape)
+                b.storage(fqn, p.offsets, p.file, p.data_offset, p.nbytes, 0)
+        try:
+            table = b.build()
+        except TableError as e:
+            raise CorruptCheckpoint(f"{self.root}: {e}") from None
+        return ChunkIndex.from_table(self.root, table)
 
     def layouts(self) -> dict[str, list[ChunkLayout]]:
         """Each tensor's piece layouts, in :meth:`to_index`'s chunk order: contiguous little-endian runs."""

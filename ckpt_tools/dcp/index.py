@@ -1,25 +1,41 @@
 """The chunk index: for every tensor of a DCP checkpoint, which bytes of which file hold which box.
 
-Built from ``.metadata`` alone, it is what every tool works from (convert, inspect,
-reshard-plan, verify-resume) and what the trainer checks before torch's loader runs. It
-describes; it does not judge: whether the paths, spans, boxes and archives it lists are
+It is what every tool works from (convert, inspect, reshard-plan, verify-resume) and what the
+trainer checks before torch's loader runs. Its data is a :class:`~ckpt_tools.dcp.table.ChunkTable`
+- columns, read from the save's index, the cache or ``.metadata``
+(:mod:`ckpt_tools.dcp.sources`) - and the whole-checkpoint questions (which files, which
+ranks, how many bytes) are answered on those columns. Per-tensor views (:class:`TensorEntry`,
+with its :class:`Chunk` objects made on demand) serve the code that handles one tensor at a
+time: converting it, reading a scalar.
+
+It describes; it does not judge: whether the paths, spans, boxes and archives it lists are
 sound is decided in :mod:`ckpt_tools.dcp.validate`, once for every reader.
+
+Within one process a directory is loaded once while its ``.metadata`` (and index) stay the
+same: ``verify-resume`` and the trainer's resume ask for the optimizer's index from several
+checks, and a 400 MB ``.metadata`` must not be read four times.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import defaultdict
+from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
+import numpy as np
+
+from ckpt_tools.dcp import sources
 from ckpt_tools.dcp.files import is_inside
-from ckpt_tools.dcp.metadata import BytesMeta, DcpMetadata, TensorMeta, load_metadata
+from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format.layout import DCP_INDEX, DCP_METADATA
 from ckpt_tools.st import dtypes
 
 _RANK_FILE_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+_MEMO_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -38,13 +54,45 @@ class Chunk:
         return dtypes.numel(self.sizes)
 
 
-@dataclass(frozen=True)
 class TensorEntry:
-    fqn: str  # DCP's flattened key, e.g. "model.encoder.weight"
-    path: tuple[str | int, ...]  # the nested-dict path, e.g. ("model", "encoder.weight")
-    dtype: str
-    shape: tuple[int, ...]
-    chunks: tuple[Chunk, ...]
+    """One tensor of the index: name, path, dtype, shape, and its stored chunks on demand."""
+
+    __slots__ = ("__dict__", "dtype", "fqn", "path", "shape", "t", "table")
+
+    def __init__(self, table: ChunkTable, t: int) -> None:
+        self.table = table
+        self.t = t
+        self.fqn = table.names[t]  # DCP's flattened key, e.g. "model.encoder.weight"
+        self.path = table.paths[t]  # the nested-dict path, e.g. ("model", "encoder.weight")
+        self.dtype = table.dtypes[t]
+        self.shape = table.shapes[t]
+
+    @cached_property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """Chunks with a storage entry (the others are reported by validation), in ``.metadata`` order."""
+        tb = self.table
+        rows = tb.rows_of(self.t)
+        out = []
+        for i in range(rows.start, rows.stop):
+            f = int(tb.file[i])
+            if f < 0:
+                continue
+            nd = max(int(tb.ndim[i]), 0)
+            out.append(
+                Chunk(
+                    tuple(tb.offsets[i, :nd].tolist()),
+                    tuple(tb.sizes[i, :nd].tolist()),
+                    tb.files[f],
+                    int(tb.start[i]),
+                    int(tb.length[i]),
+                    tb.transforms[int(tb.transform[i])],
+                )
+            )
+        return tuple(out)
+
+    @property
+    def rows(self) -> slice:
+        return self.table.rows_of(self.t)
 
     @property
     def numel(self) -> int:
@@ -83,61 +131,66 @@ class RankShard:
     chunks: int
 
 
-@dataclass
 class ChunkIndex:
-    root: Path
-    metadata: DcpMetadata
-    tensors: dict[str, TensorEntry]  # chunks without a storage entry are left out (validate reports them)
-    byte_items: dict[str, BytesEntry]
+    def __init__(self, root: Path, table: ChunkTable, origin: sources.Origin | None = None) -> None:
+        self.root = Path(root)
+        self.table = table
+        self.origin = origin or sources.Origin("metadata")
 
     # ------------------------------------------------------------------ building
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ChunkIndex:
-        """Read ``.metadata``; raises only if it is unusable (or a symlink out of the directory)."""
+        """The index of a DCP directory; raises only if its metadata is unusable (or a symlink out)."""
         root = Path(directory)
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a directory")
-        metadata = load_metadata(root)
-        return cls.from_metadata(root, metadata)
+        key = _memo_key(root)
+        if key is not None:
+            found = _MEMO.get(key)
+            if found is not None:
+                _MEMO.move_to_end(key)
+                return found
+        table, origin = sources.load_table(root)
+        index = cls(root, table, origin)
+        if key is not None and origin.source != "rank-local":
+            _MEMO[key] = index
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+        return index
 
     @classmethod
-    def from_metadata(cls, root: Path, metadata: DcpMetadata) -> ChunkIndex:
-        tensors: dict[str, TensorEntry] = {}
-        byte_items: dict[str, BytesEntry] = {}
-        for fqn, item in metadata.items.items():
-            path = metadata.planner_data.get(fqn, (fqn,))
-            if isinstance(item, BytesMeta):
-                info = metadata.storage.get((fqn, None))
-                if info is not None:
-                    byte_items[fqn] = BytesEntry(
-                        fqn, path, info.relative_path, info.offset, info.length, info.transform_descriptors
-                    )
-                continue
-            assert isinstance(item, TensorMeta)
-            chunks = []
-            for c in item.chunks:
-                info = metadata.storage.get((fqn, c.offsets))
-                if info is not None:
-                    chunks.append(
-                        Chunk(
-                            c.offsets, c.sizes, info.relative_path, info.offset, info.length, info.transform_descriptors
-                        )
-                    )
-            tensors[fqn] = TensorEntry(fqn, path, item.dtype, item.size, tuple(chunks))
-        return cls(root, metadata, tensors, byte_items)
+    def from_table(cls, root: Path, table: ChunkTable) -> ChunkIndex:
+        return cls(root, table)
 
-    # ------------------------------------------------------------------ views
+    # ------------------------------------------------------------------ per-item views
+
+    @cached_property
+    def tensors(self) -> dict[str, TensorEntry]:
+        return {name: TensorEntry(self.table, t) for t, name in enumerate(self.table.names)}
+
+    @cached_property
+    def byte_items(self) -> dict[str, BytesEntry]:
+        """Non-tensor items with a storage entry (the others are reported by validation)."""
+        return {
+            b.name: BytesEntry(b.name, b.path, b.file, b.start, b.length, b.transforms)
+            for b in self.table.byte_items
+            if b.file is not None
+        }
+
+    @property
+    def chunk_count(self) -> int:
+        return int(np.count_nonzero(self.table.file >= 0))
+
+    # ------------------------------------------------------------------ whole-checkpoint views
 
     def referenced_files(self) -> list[str]:
         """Every storage path the items name, in the order ``.metadata`` first names them."""
-        files = [c.file for e in self.tensors.values() for c in e.chunks]
-        files += [b.file for b in self.byte_items.values()]
-        return list(dict.fromkeys(files))
+        return self.table.referenced_files()
 
     def top_level_keys(self) -> set[str | int]:
-        keys = {e.path[0] for e in self.tensors.values() if e.path}
-        keys |= {b.path[0] for b in self.byte_items.values() if b.path}
+        keys = {p[0] for p in self.table.paths if p}
+        keys |= {b.path[0] for b in self.table.byte_items if b.path and b.file is not None}
         return keys
 
     def ranks(self) -> list[RankShard]:
@@ -146,27 +199,33 @@ class ChunkIndex:
         Files a rank wrote that hold no chunk (an HSDP replica, say) still count as its output;
         a named file that is missing, or a symlink out of the directory, counts 0 bytes.
         """
+        tb = self.table
         present = {p.name: p for p in _list_distcp(self.root)}
-        per_rank: dict[int, dict[str, int]] = defaultdict(dict)
-        chunk_bytes: dict[int, int] = defaultdict(int)
-        chunk_count: dict[int, int] = defaultdict(int)
+        stored = tb.file >= 0
+        per_file_bytes = np.bincount(tb.file[stored], weights=None, minlength=len(tb.files))
+        per_file_len = _sum_by(tb.file[stored], tb.length[stored], len(tb.files))
+        per_rank: dict[int, dict[str, int]] = {}
+        chunk_bytes: dict[int, int] = {}
+        chunk_count: dict[int, int] = {}
         for name in [*self.referenced_files(), *present]:
             m = _RANK_FILE_RE.match(name)
-            if m and name not in per_rank[int(m.group(1))]:
-                per_rank[int(m.group(1))][name] = _size_inside(self.root, present.get(name))
-        for entry in self.tensors.values():
-            for c in entry.chunks:
-                m = _RANK_FILE_RE.match(c.file)
-                if m:
-                    chunk_bytes[int(m.group(1))] += c.length
-                    chunk_count[int(m.group(1))] += 1
+            if m:
+                files = per_rank.setdefault(int(m.group(1)), {})
+                if name not in files:
+                    files[name] = _size_inside(self.root, present.get(name))
+        for f, name in enumerate(tb.files):
+            m = _RANK_FILE_RE.match(name)
+            if m:
+                r = int(m.group(1))
+                chunk_bytes[r] = chunk_bytes.get(r, 0) + int(per_file_len[f])
+                chunk_count[r] = chunk_count.get(r, 0) + int(per_file_bytes[f])
         return [
             RankShard(
                 rank=r,
                 files=tuple(sorted(files)),
                 file_bytes=sum(files.values()),
-                chunk_bytes=chunk_bytes[r],
-                chunks=chunk_count[r],
+                chunk_bytes=chunk_bytes.get(r, 0),
+                chunks=chunk_count.get(r, 0),
             )
             for r, files in sorted(per_rank.items())
         ]
@@ -175,6 +234,51 @@ class ChunkIndex:
         """``.distcp`` files in the directory that ``.metadata`` never mentions."""
         referenced = set(self.referenced_files())
         return sorted(p.name for p in _list_distcp(self.root) if p.name not in referenced)
+
+    # ------------------------------------------------------------------ archives
+
+    def archives_known_good(self) -> bool:
+        """Whether every shard file is unchanged since its chunk archives were known sound (index, cache)."""
+        return self.origin.archives_known_good(self.root, self.table.files)
+
+    def remember_archives_checked(self) -> None:
+        self.origin.remember_checked(self.root, self.table.files)
+
+
+def _sum_by(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` per group id (bincount's float weights lose bits past 2**53)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, groups, values)
+    return out
+
+
+_MEMO: OrderedDict[tuple[object, ...], ChunkIndex] = OrderedDict()
+
+
+def _memo_key(root: Path) -> tuple[object, ...] | None:
+    """The identity of a directory's ``.metadata`` and index, and of the reading settings; None: do not memoize."""
+    parts: list[object] = [
+        os.path.realpath(root),
+        sources._enabled(sources._use_index),
+        sources._enabled(sources._use_cache),
+    ]
+    for name in (DCP_METADATA, DCP_INDEX):
+        try:
+            st = os.stat(root / name)
+        except FileNotFoundError:
+            if name == DCP_METADATA:
+                return None
+            parts.append(None)
+            continue
+        except (OSError, ValueError):
+            return None
+        parts.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(parts)
+
+
+def forget() -> None:
+    """Drop the loaded indexes (tests that rewrite a directory in place within one second)."""
+    _MEMO.clear()
 
 
 def _size_inside(root: Path, path: Path | None) -> int:

@@ -160,6 +160,11 @@ def _tensor_record(pickled: bytes, what: str) -> Any:
 
 def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLayout:
     """Parse the torch.save archive in ``[start, start+length)`` of ``fd`` (headers only)."""
+    return read_chunk_archive(fd, start, length, what=what)[0]
+
+
+def read_chunk_archive(fd: int, start: int, length: int, *, what: str) -> tuple[ChunkLayout, ArchiveShape]:
+    """:func:`read_chunk_layout`, and where in the span its headers are (:class:`ArchiveShape`)."""
     span = SpanReader(fd, start, length, what)
     members = read_directory(span)
     pkl = members.member("data.pkl")
@@ -199,13 +204,37 @@ def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLa
             f"{what}: a {list(record.size)} {dtype.name} tensor viewed from {extent} stored elements"
             f" (strides {list(record.stride)}): expanded views larger than {MAX_EXPANDED_BYTES} bytes are refused"
         )
-    return ChunkLayout(
+    layout = ChunkLayout(
         dtype=dtype,
         size=record.size,
         stride=record.stride,
         data_offset=start + data.offset + record.storage_offset * dtype.itemsize,
         byteorder=byteorder,
     )
+    ignored = list(members.crc_fields())
+    serial = members.member(".data/serialization_id")
+    shape = ArchiveShape(
+        data_start=data.offset,
+        data_end=data.offset + data.size,
+        ignored=tuple(sorted(ignored)),
+        serialization_id=(serial.offset, serial.offset + serial.size) if serial is not None else None,
+    )
+    return layout, shape
+
+
+@dataclass(frozen=True)
+class ArchiveShape:
+    """Where an archive's headers are in its span: all bytes but the storage data ``[data_start, data_end)``.
+
+    ``ignored`` (CRC-32 fields, 4 bytes each) and ``serialization_id`` (the random id torch.save
+    writes) are bytes the parse above never reads: two archives whose other header bytes are
+    equal parse to the same layout (:mod:`ckpt_tools.dcp.archives`).
+    """
+
+    data_start: int
+    data_end: int
+    ignored: tuple[int, ...]
+    serialization_id: tuple[int, int] | None
 
 
 def read_pickled_object(fd: int, start: int, length: int, allowed: dict[tuple[str, str], Any], *, what: str) -> Any:

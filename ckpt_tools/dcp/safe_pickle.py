@@ -92,7 +92,52 @@ _MALFORMED = (
 )
 
 
-class Record:
+class _FrozenClass(type):
+    """The metaclass of stand-ins: a class handed to a pickle can never be changed.
+
+    C's unpickler (used in an isolated process for large files, :mod:`ckpt_tools.dcp.isolated`)
+    runs ``BUILD`` on whatever is on its stack; on a class that is ``setattr`` for a slot state.
+    """
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise TypeError(f"{cls.__name__} is frozen")
+
+    def __delattr__(cls, name: str) -> None:
+        raise TypeError(f"{cls.__name__} is frozen")
+
+
+class Pure:
+    """A pure function as an allowlist hands it out: callable, and nothing about it can be changed.
+
+    A plain function has a writable ``__dict__`` and ``__defaults__``, which C's ``BUILD``
+    would set; this wrapper has no ``__dict__``, refuses ``setattr`` and every ``__setstate__``.
+    """
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise TypeError("an allowlisted function is frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError("an allowlisted function is frozen")
+
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError("an allowlisted function is frozen")
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an allowlisted function is not picklable")
+
+    def __repr__(self) -> str:
+        return f"Pure({self._fn.__module__}.{self._fn.__qualname__})"
+
+
+class Record(metaclass=_FrozenClass):
     """Base of the stand-ins a restricted load may create and fill: plain attribute holders.
 
     ``FIELDS`` names every attribute the torch class it stands for has (positional order, for
@@ -113,6 +158,25 @@ class Record:
         if len(args) > len(self.FIELDS):
             raise TypeError(f"{_torch_name(type(self))}: too many arguments")
         self.__dict__.update(zip(self.FIELDS, args, strict=False))
+
+
+class TupleStateRecord(Record):
+    """A Record whose torch class pickles its state as a tuple of its fields (``TUPLE_STATE``).
+
+    The restricted unpickler's ``BUILD`` fills it itself; C's unpickler (isolated process)
+    calls this ``__setstate__``, which applies the same rule: at most ``len(FIELDS)`` values,
+    or a dict of declared fields.
+    """
+
+    TUPLE_STATE = True
+
+    def __setstate__(self, state: Any) -> None:
+        if type(state) is tuple and len(state) <= len(self.FIELDS):
+            self.__dict__.update(zip(self.FIELDS, state, strict=False))
+        elif type(state) is dict and all(type(k) is str and k in self.FIELDS for k in state):
+            self.__dict__.update(state)
+        else:
+            raise ValueError(f"{_torch_name(type(self))} state is not its fields")
 
 
 _SIZED = frozenset({str, bytes, bytearray, tuple, list, dict, set, frozenset})
@@ -553,6 +617,38 @@ def restricted_loads(
     except _MALFORMED as e:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CorruptCheckpoint(f"{what}: not a valid pickle ({detail[:200]})") from None
+
+
+def _fresh_container(kind: type) -> Pure:
+    def make(*args: Any) -> Any:
+        if args:
+            raise ValueError(f"{kind.__name__}() with arguments: torch never pickles one so")
+        return kind()
+
+    make.__qualname__ = f"fresh_{kind.__name__}"
+    return Pure(make)
+
+
+def sandbox_allowlist(allowed: Allowlist) -> dict[tuple[str, str], Any]:
+    """``allowed`` for C's unpickler (in an isolated process): every value must stay unchanged under it.
+
+    C's ``BUILD``, ``APPEND(S)``, ``SETITEM(S)`` and ``ADDITEMS`` act on whatever is on the stack;
+    what an allowlist hands out must refuse all of them: stand-in classes (frozen metaclass),
+    :class:`Pure` functions, immutable values and slot-only frozen instances. Builtin container
+    types become factories of fresh, empty containers (``dict(big_list)`` would copy an input
+    list as often as the pickle names it).
+    """
+    out: dict[tuple[str, str], Any] = {}
+    for key, value in allowed.items():
+        if value is dict or value is list or value is set:
+            value = _fresh_container(value)
+        elif isinstance(value, type):
+            if not issubclass(value, Record):
+                raise TypeError(f"allowlist value {value!r} is a class C's unpickler could change")
+        elif not isinstance(value, (Pure, str, int, float, bytes, tuple, frozenset)) and hasattr(value, "__dict__"):
+            raise TypeError(f"allowlist value {value!r} has a __dict__ C's unpickler could fill")
+        out[key] = value
+    return out
 
 
 MAX_PLAIN_NODES = 100_000  # an optimizer's param_groups entry holds a handful of values

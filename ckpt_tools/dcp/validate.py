@@ -5,7 +5,7 @@ an absolute path, a symlink out: another run's shard is read as if it were this 
 leaves elements no chunk covers at whatever the model held before the load, lets overlapping
 chunks overwrite each other, and casts a chunk archive of another dtype without a word. So
 ``inspect``, ``convert-dcp``, the resume prediction and the trainer's resume all check a DCP
-directory here first, torch-free, from ``.metadata`` and archive headers, never tensor data:
+directory here first, torch-free, from the chunk table and archive headers, never tensor data:
 
 - storage: every item has a storage entry, without transforms this reader cannot undo (torch's
   zstd extension it undoes, given the ``zstandard`` package: :mod:`ckpt_tools.dcp.transforms`);
@@ -13,7 +13,14 @@ directory here first, torch-free, from ``.metadata`` and archive headers, never 
 - spans: every item's span ends inside its file;
 - tiling: a tensor's chunks lie inside it, never overlap, and cover every element;
 - archives: each chunk's torch.save archive parses and holds the dtype and shape
-  ``.metadata`` promises; each non-tensor item is plain data (torch's loader unpickles it).
+  ``.metadata`` promises (:mod:`ckpt_tools.dcp.archives`); each non-tensor item is plain data
+  (torch's loader unpickles it).
+
+Everything but the archives is computed on the table's columns, in time linear in the chunk
+count (a 70B model on 1024 ranks: 2.2 million chunks, about a second). The archives cost a
+few microseconds a chunk, and nothing at all while the shard files are unchanged since they
+were known good: written by the save that indexed them, or checked by an earlier look
+(:meth:`ChunkIndex.archives_known_good`).
 
 The checks return :class:`Problem` values; every reader gives the same one line for them,
 :func:`summary`: ``inspect`` shows it as its failed check, ``verify-resume`` as its failed
@@ -27,14 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ckpt_tools.dcp import transforms
+from ckpt_tools.dcp.archives import ArchiveChecker
 from ckpt_tools.dcp.files import ShardFiles, is_inside
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
-from ckpt_tools.dcp.metadata import BytesMeta, ChunkMeta, TensorMeta
-from ckpt_tools.dcp.reader import ChunkLayout, read_chunk_layout, read_pickled_object
+from ckpt_tools.dcp.reader import ChunkLayout, read_pickled_object
 from ckpt_tools.dcp.safe_pickle import protocol2_bytes
+from ckpt_tools.dcp.table import MAX_NUMEL, ChunkTable
 from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UnsafeCheckpoint
-from ckpt_tools.st import dtypes
 
 # What a non-tensor item (optimizer hyper-parameters, say) may be built from: plain data only.
 # An OrderedDict pickles as OrderedDict() then SETITEMS: the builtin dict, fresh for each call.
@@ -44,9 +53,8 @@ PLAIN_OBJECTS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): dict,
     ("_codecs", "encode"): protocol2_bytes,
 }
-# What a transformed (zstd) span may expand to beyond its tensor bytes: the archive's headers.
-ARCHIVE_SLACK = 1 * 2**20
 OBJECT_LIMIT = 2 * 2**20  # a non-tensor item's archive (its data.pkl is refused above 1 MiB)
+LISTED = 100  # problems of one kind described one by one; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Problem:
     message: str
     unsafe: bool = False
     needs: str | None = None  # a package that would let the tools read it (the checkpoint may be fine)
+    also: int = 0  # further problems of the same kind this one stands for (not listed one by one)
 
     @classmethod
     def of(cls, error: CkptError) -> Problem:
@@ -67,7 +76,8 @@ def summary(found: list[Problem]) -> str:
     the first, and how many more there are. Unsafe first: a shard read from outside the
     checkpoint matters more than a hole a user could patch."""
     first, *rest = sorted(found, key=lambda p: not p.unsafe)
-    return first.message + (f" (+{len(rest)} more)" if rest else "")
+    more = len(rest) + sum(p.also for p in found)
+    return first.message + (f" (+{more} more)" if more else "")
 
 
 def summary_error(found: list[Problem]) -> CheckpointError:
@@ -100,69 +110,89 @@ def problems(index: ChunkIndex) -> list[Problem]:
 
 
 def structure_problems(index: ChunkIndex) -> list[Problem]:
-    """What ``.metadata`` and a ``stat`` of each shard file show: storage, paths, spans, tiling."""
+    """What the table and a ``stat`` of each shard file show: storage, paths, spans, tiling."""
     sizes, out = _file_sizes(index)
-    return [*_storage_problems(index), *out, *_span_problems(index, sizes), *_tiling(index)]
+    return [*_storage_problems(index), *out, *_span_problems(index, sizes), *tiling_problems(index.table)]
 
 
-def archive_problems(index: ChunkIndex) -> list[Problem]:
+def archive_problems(index: ChunkIndex, *, full: bool = False, objects: bool = True) -> list[Problem]:
     """The first chunk archive or non-tensor item that is not what ``.metadata`` promises, if any.
 
     Sizes alone miss a shard overwritten in place, a chunk re-pointed at another archive or an
     item that would run code when torch's loader unpickles it. Reading the archive headers
-    costs a few hundred bytes per chunk. Call it only on an index without structure problems.
+    costs a few hundred bytes per chunk; nothing while the shard files are unchanged since
+    their archives were known good (unless ``full``). ``objects=False``: the tensor chunks only
+    (convert-dcp decodes the non-tensor items itself, skipping what is not plain data). Call it
+    only on an index without structure problems.
     """
     with ShardFiles(index.root) as files:
-        for item in index.byte_items.values():
+        for item in index.byte_items.values() if objects else ():
             what = f"{item.file} ({item.fqn})"
             try:
                 fd, start, length = files.span(item, limit=OBJECT_LIMIT)
                 read_pickled_object(fd, start, length, PLAIN_OBJECTS, what=what)
             except CkptError as e:
                 return [Problem.of(e)]
-        for entry in index.tensors.values():
-            try:
-                tensor_layouts(entry, files)
-            except CkptError as e:
-                return [Problem.of(e)]
+        if not full and index.archives_known_good():
+            return []
+        try:
+            ArchiveChecker(index.table, files).check_rows(np.flatnonzero(index.table.file >= 0))
+        except CkptError as e:
+            return [Problem.of(e)]
+    index.remember_archives_checked()
     return []
 
 
-def tensor_layouts(entry: TensorEntry, files: ShardFiles) -> list[ChunkLayout]:
-    """Each chunk's archive layout, checked against ``.metadata``; raises on the first mismatch."""
-    out = []
-    for chunk in entry.chunks:
-        what = f"{chunk.file} ({entry.fqn} chunk at {list(chunk.offsets)})"
-        itemsize = entry.itemsize or 16
-        fd, start, length = files.span(chunk, limit=chunk.numel * itemsize + ARCHIVE_SLACK)
-        layout = read_chunk_layout(fd, start, length, what=what)
-        if layout.dtype.name != dtypes.canonical_name(entry.dtype) or layout.size != chunk.sizes:
-            raise CorruptCheckpoint(
-                f"{what}: holds {layout.dtype.name}{list(layout.size)}, .metadata says {entry.dtype}{list(chunk.sizes)}"
-            )
-        out.append(layout)
-    return out
+def tensor_layouts(entry: TensorEntry, files: ShardFiles, checker: ArchiveChecker | None = None) -> list[ChunkLayout]:
+    """Each stored chunk's archive layout, checked against ``.metadata``; raises on the first mismatch.
+
+    Pass one ``checker`` for the tensors of one directory: chunks alike are then compared with
+    the first one's headers instead of parsed (:mod:`ckpt_tools.dcp.archives`).
+    """
+    checker = checker if checker is not None else ArchiveChecker(entry.table, files)
+    rows = entry.rows
+    return [checker.layout(i, entry.t) for i in range(rows.start, rows.stop) if entry.table.file[i] >= 0]
 
 
 # ====================================================================== storage, paths, spans
 
 
 def _storage_problems(index: ChunkIndex) -> list[Problem]:
-    out = []
+    tb = index.table
+    out: list[Problem] = []
+    missing = np.flatnonzero(tb.file < 0)
+    for i in missing[:LISTED].tolist():
+        t = int(tb.tensor_of_row[i])
+        nd = max(int(tb.ndim[i]), 0)
+        out.append(
+            Problem(
+                f"{tb.names[t]} chunk at {tb.offsets[i, :nd].tolist()}: no storage entry in .metadata (incomplete save?)"
+            )
+        )
+    if missing.size > LISTED:
+        out[-1] = Problem(out[-1].message, also=int(missing.size) - LISTED)
+    for item in tb.byte_items:
+        if item.file is None:
+            out.append(Problem(f"{item.name}: no storage entry in .metadata (incomplete save?)"))
     zstd_items = 0
-    for fqn, item in index.metadata.items.items():
-        keys = [None] if isinstance(item, BytesMeta) else [c.offsets for c in item.chunks]
-        for offsets in keys:
-            info = index.metadata.storage.get((fqn, offsets))
-            if info is None:
-                where = "" if offsets is None else f" chunk at {list(offsets)}"
-                out.append(Problem(f"{fqn}{where}: no storage entry in .metadata (incomplete save?)"))
-            elif info.transform_descriptors:
-                problem = transforms.unsupported(info.transform_descriptors)
-                if problem:
-                    out.append(Problem(f"{fqn}: {problem}"))
-                else:
-                    zstd_items += 1
+    stored = tb.file >= 0
+    counts = np.bincount(tb.transform[stored], minlength=len(tb.transforms))
+    for tid, descriptors in enumerate(tb.transforms):
+        if tid == 0 or not counts[tid]:
+            continue
+        problem = transforms.unsupported(descriptors)
+        if problem:
+            first = int(np.flatnonzero(stored & (tb.transform == tid))[0])
+            out.append(Problem(f"{tb.names[int(tb.tensor_of_row[first])]}: {problem}", also=int(counts[tid]) - 1))
+        else:
+            zstd_items += int(counts[tid])
+    for item in tb.byte_items:
+        if item.file is not None and item.transforms:
+            problem = transforms.unsupported(item.transforms)
+            if problem:
+                out.append(Problem(f"{item.name}: {problem}"))
+            else:
+                zstd_items += 1
     if zstd_items and not transforms.zstd_available():  # one line for the directory, not one per item
         where = f"{index.root} ({zstd_items} items)"
         out.append(Problem(transforms.missing_zstd_message(where), needs=transforms.ZSTD_PACKAGE))
@@ -204,68 +234,158 @@ def _shard_size(root: Path, relative: str, out: list[Problem]) -> int | None:
 
 
 def _span_problems(index: ChunkIndex, sizes: dict[str, int]) -> list[Problem]:
-    spans = [(e.fqn, c.file, c.offset, c.length) for e in index.tensors.values() for c in e.chunks]
-    spans += [(b.fqn, b.file, b.offset, b.length) for b in index.byte_items.values()]
+    tb = index.table
+    file_size = np.asarray([sizes.get(f, -1) for f in tb.files], dtype=np.int64)
     out = []
-    for fqn, file, offset, length in spans:
-        size = sizes.get(file)
-        if size is not None and offset + length > size:  # no size: the file's problem is reported
+    stored = np.flatnonzero(tb.file >= 0)
+    if stored.size:
+        size = file_size[tb.file[stored]]
+        # start + length > size, without overflow: both are at most 2**63 - 1
+        past = (size >= 0) & ((tb.start[stored] > size) | (tb.length[stored] > size - tb.start[stored]))
+        bad = stored[past]
+        tensor_of = tb.tensor_of_row
+        for i in bad[:LISTED].tolist():
             out.append(
-                Problem(
-                    f"{fqn}: chunk span {offset}+{length} runs past the end of {file} ({size} bytes): truncated file"
+                _past_end(
+                    tb.names[int(tensor_of[i])], tb.files[int(tb.file[i])], int(tb.start[i]), int(tb.length[i]), sizes
                 )
             )
+        if bad.size > LISTED:
+            out[-1] = Problem(out[-1].message, also=int(bad.size) - LISTED)
+    for b in tb.byte_items:
+        size = sizes.get(b.file) if b.file is not None else None
+        if size is not None and b.start + b.length > size:
+            out.append(_past_end(b.name, b.file or "", b.start, b.length, sizes))
     return out
+
+
+def _past_end(fqn: str, file: str, offset: int, length: int, sizes: dict[str, int]) -> Problem:
+    return Problem(
+        f"{fqn}: chunk span {offset}+{length} runs past the end of {file} ({sizes[file]} bytes): truncated file"
+    )
 
 
 # ====================================================================== tiling
 
 
-def _tiling(index: ChunkIndex) -> list[Problem]:
+def tiling_problems(tb: ChunkTable) -> list[Problem]:
+    """Do each tensor's chunks tile it exactly: inside it, no overlap, no hole? One problem per bad tensor.
+
+    All chunks of ``.metadata`` count, stored or not (a chunk without a storage entry is its
+    own problem). Vectorized over the table; only tensors whose chunks are split along two or
+    more dimensions at once (tensor and data parallel together) take the exact sweep per tensor.
+    """
+    n_tensors = len(tb.names)
+    if n_tensors == 0:
+        return []
+    width = tb.width
+    t_ndim = np.asarray([len(s) for s in tb.shapes], dtype=np.int64)
+    t_shape = np.ones((n_tensors, width), dtype=np.int64)
+    for t, shape in enumerate(tb.shapes):
+        t_shape[t, : len(shape)] = shape
+    numel = [tb.numel(t) for t in range(n_tensors)]
+    huge = np.asarray([n > MAX_NUMEL for n in numel], dtype=bool)
+    row_t = tb.tensor_of_row
+    shape_of_row = t_shape[row_t]
+    dims_bad = tb.ndim != t_ndim[row_t]
+    outside = ~dims_bad & np.any((tb.sizes > shape_of_row) | (tb.offsets > shape_of_row - tb.sizes), axis=1)
+    first_bad = _first_per_tensor(dims_bad | outside, row_t, n_tensors)
+    ok_t = (first_bad < 0) & ~huge
+    row_ok = ok_t[row_t]
+    vol = np.where(row_ok, tb.row_numel(), 0)
+    nonempty = row_ok & (vol > 0)
+    overlap = _overlaps(tb, t_shape, row_t, nonempty, ok_t)
+    running = np.zeros(tb.rows + 1, dtype=np.int64)
+    np.cumsum(vol, out=running[1:])
+    covered = running[tb.first[1:]] - running[tb.first[:-1]]  # exact: a tensor's sum is at most its numel
     out = []
-    for fqn, item in index.metadata.items.items():
-        if isinstance(item, TensorMeta):
-            out.extend(tiling_problems(fqn, item))
+    for t in range(n_tensors):
+        name = tb.names[t]
+        if huge[t]:
+            out.append(Problem(f"{name}: {list(tb.shapes[t])} holds more elements than any tensor can"))
+        elif first_bad[t] >= 0:
+            i = int(first_bad[t])
+            nd = int(tb.ndim[i])
+            if dims_bad[i]:
+                dims = nd if nd >= 0 else -1 - nd
+                out.append(Problem(f"{name}: a chunk has {dims} dims, the tensor {len(tb.shapes[t])}"))
+            else:
+                out.append(
+                    Problem(
+                        f"{name}: chunk at {tb.offsets[i, :nd].tolist()} of size {tb.sizes[i, :nd].tolist()}"
+                        f" sticks out of {list(tb.shapes[t])}"
+                    )
+                )
+        elif overlap[t]:
+            out.append(Problem(f"{name}: chunks overlap (unsupported sharding layout or corrupt metadata)"))
+        elif int(covered[t]) != numel[t]:
+            out.append(Problem(f"{name}: chunks cover {int(covered[t])} of {numel[t]} elements (missing chunks)"))
     return out
 
 
-def tiling_problems(name: str, meta: TensorMeta) -> list[Problem]:
-    """Do the chunks ``.metadata`` lists tile the tensor exactly: inside it, no overlap, no hole?"""
-    shape = meta.size
-    boxes: list[ChunkMeta] = []
-    for c in meta.chunks:
-        if len(c.offsets) != len(shape) or len(c.sizes) != len(shape):
-            return [Problem(f"{name}: a chunk has {len(c.sizes)} dims, the tensor {len(shape)}")]
-        if any(o + s > d for o, s, d in zip(c.offsets, c.sizes, shape, strict=True)):
-            return [Problem(f"{name}: chunk at {list(c.offsets)} of size {list(c.sizes)} sticks out of {list(shape)}")]
-        if c.numel:
-            boxes.append(c)
-    if _overlap(boxes):
-        return [Problem(f"{name}: chunks overlap (unsupported sharding layout or corrupt metadata)")]
-    total = sum(c.numel for c in boxes)
-    if total != meta.numel:
-        return [Problem(f"{name}: chunks cover {total} of {meta.numel} elements (missing chunks)")]
-    return []
+def _first_per_tensor(bad: np.ndarray, row_t: np.ndarray, n_tensors: int) -> np.ndarray:
+    """For each tensor, its first row where ``bad`` holds, or -1."""
+    out = np.full(n_tensors, -1, dtype=np.int64)
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        tensors, first = np.unique(row_t[rows], return_index=True)
+        out[tensors] = rows[first]
+    return out
 
 
-def _overlap(boxes: list[ChunkMeta]) -> bool:
-    if not boxes:
-        return False
-    ndim = len(boxes[0].sizes)
-    if ndim == 0:
-        return len(boxes) > 1
-    # Sweep along the dim split into the most pieces (dim 0 for FSDP, dim 1 for Shard(1)...):
-    # only boxes whose ranges intersect along it need the full test, so it stays ~linear.
-    d = max(range(ndim), key=lambda i: len({b.offsets[i] for b in boxes}))
-    ordered = sorted(boxes, key=lambda c: c.offsets[d])
-    active: list[ChunkMeta] = []
+def _overlaps(
+    tb: ChunkTable, t_shape: np.ndarray, row_t: np.ndarray, nonempty: np.ndarray, ok_t: np.ndarray
+) -> np.ndarray:
+    """Per tensor, whether two of its non-empty chunks (all inside it) overlap."""
+    n_tensors = len(tb.names)
+    overlap = np.zeros(n_tensors, dtype=bool)
+    rows = np.flatnonzero(nonempty)
+    if rows.size == 0:
+        return overlap
+    rt = row_t[rows]
+    shape = t_shape[rt]
+    offsets, sizes = tb.offsets[rows], tb.sizes[rows]
+    # a dim along which a chunk does not span the whole tensor
+    split = (offsets != 0) | (sizes != shape)
+    bits = (split.astype(np.int64) << np.arange(tb.width, dtype=np.int64)).sum(axis=1)
+    mask = np.zeros(n_tensors, dtype=np.int64)
+    np.bitwise_or.at(mask, rt, bits)
+    count = np.bincount(rt, minlength=n_tensors)
+    popcount = np.asarray([bin(int(m)).count("1") for m in mask], dtype=np.int64)
+    # no split dim: whole-tensor chunks overlap as soon as there are two
+    overlap |= (popcount == 0) & (count > 1)
+    # one split dim: intervals along it, sorted by start, overlap iff two neighbours do
+    line = popcount[rt] == 1
+    if line.any():
+        lr = np.flatnonzero(line)
+        dim = np.log2(mask[rt[lr]]).astype(np.int64)
+        start = offsets[lr, dim]
+        end = start + sizes[lr, dim]
+        order = np.lexsort((start, rt[lr]))
+        t_sorted, s_sorted, e_sorted = rt[lr][order], start[order], end[order]
+        same = t_sorted[1:] == t_sorted[:-1]
+        hit = same & (s_sorted[1:] < e_sorted[:-1])
+        overlap[np.unique(t_sorted[1:][hit])] = True
+    # several split dims at once: the exact sweep, tensor by tensor
+    for t in np.flatnonzero((popcount > 1) & ok_t).tolist():
+        mine = rows[rt == t]
+        overlap[t] = _sweep(tb.offsets[mine], tb.sizes[mine])
+    return overlap
+
+
+def _sweep(offsets: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether two of the boxes overlap: sweep along the dim split into the most pieces."""
+    boxes = list(zip(offsets.tolist(), sizes.tolist(), strict=True))
+    ndim = offsets.shape[1]
+    d = max(range(ndim), key=lambda i: len({b[0][i] for b in boxes}))
+    ordered = sorted(boxes, key=lambda b: b[0][d])
+    active: list[tuple[list[int], list[int]]] = []
     for box in ordered:
-        start = box.offsets[d]
-        active = [a for a in active if a.offsets[d] + a.sizes[d] > start]
+        start = box[0][d]
+        active = [a for a in active if a[0][d] + a[1][d] > start]
         for other in active:
             if all(
-                o1 < o2 + s2 and o2 < o1 + s1
-                for o1, s1, o2, s2 in zip(box.offsets, box.sizes, other.offsets, other.sizes, strict=True)
+                o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in zip(box[0], box[1], other[0], other[1], strict=True)
             ):
                 return True
         active.append(box)

@@ -78,10 +78,21 @@ class ZipDirectory:
     are resolved - usually from the cached head window, without another read.
     """
 
-    def __init__(self, span: SpanReader, entries: dict[str, tuple[str, int, int]], data_end: int) -> None:
+    def __init__(
+        self,
+        span: SpanReader,
+        entries: dict[str, tuple[str, int, int]],
+        data_end: int,
+        central: list[int] | None = None,
+    ) -> None:
         self.span = span
         self._entries = entries  # short name -> (full name, local header offset, size)
         self._data_end = data_end
+        self.central = central or []  # offsets (in the span) of the central directory's entries
+
+    def crc_fields(self) -> list[int]:
+        """Span offsets of every CRC-32 field (4 bytes) in the local and central headers: never read here."""
+        return [lho + 14 for _, lho, _ in self._entries.values()] + [pos + 16 for pos in self.central]
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -126,6 +137,7 @@ def read_directory(span: SpanReader) -> ZipDirectory:
         raise CorruptCheckpoint(f"{what}: implausible zip central directory")
     central = span.read(cd_offset, cd_size)
     entries: dict[str, tuple[str, int, int]] = {}
+    central_at: list[int] = []
     pos = 0
     for _ in range(count):
         if pos + 46 > len(central):
@@ -133,6 +145,7 @@ def read_directory(span: SpanReader) -> ZipDirectory:
         sig, method, csize, usize, nlen, elen, clen, lho = _CENTRAL.unpack_from(central, pos)
         if sig != _CENTRAL_SIG:
             raise CorruptCheckpoint(f"{what}: damaged zip central directory")
+        central_at.append(cd_offset + pos)
         name = central[pos + 46 : pos + 46 + nlen].decode("utf-8", errors="replace")
         if 0xFFFFFFFF in (usize, csize, lho):
             extra = central[pos + 46 + nlen : pos + 46 + nlen + elen]
@@ -142,7 +155,7 @@ def read_directory(span: SpanReader) -> ZipDirectory:
             raise CorruptCheckpoint(f"{what}: zip member {name} is compressed (torch.save never compresses)")
         short = name.split("/", 1)[1] if "/" in name else name
         entries[short] = (name, lho, usize)
-    return ZipDirectory(span, entries, cd_offset)
+    return ZipDirectory(span, entries, cd_offset, central_at)
 
 
 def _find_eocd(span: SpanReader) -> int:

@@ -62,6 +62,10 @@ TRAINING_STEP = "training_step.json"
 # Inside a DCP directory
 DCP_METADATA = ".metadata"
 DCP_SHARD_SUFFIX = ".distcp"
+# Beside .metadata, written by the training core at every save: the chunk table in columns,
+# bound to the .metadata it describes (ckpt_tools.dcp.index_file). Tools read it instead of
+# the pickle; torch and other readers ignore it.
+DCP_INDEX = ".metadata.index"
 # What other trainers save next to the model in one DCP state dict - never weights: torchtitan's
 # CheckpointManager (its MODEL entries flattened to the top level beside OPTIMIZER, LR_SCHEDULER,
 # DATALOADER and TRAIN_STATE) and PyTorch's DCP recipe ({"app": {"model": ..., "optim": ...}}).

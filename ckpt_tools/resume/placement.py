@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ckpt_tools.format.record import Topology
 from ckpt_tools.st.dtypes import numel
 
@@ -60,6 +62,37 @@ def dim0_breaks(dim0: int, num_shards: int, saved: Iterable[tuple[int, int]] = (
         out.add(start // chunk)
         out.add(-(-stop // chunk))
     return {b for b in out if 0 <= b <= num_shards}
+
+
+def dim0_shards(dim0: int, num_shards: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dim0_shard` for many shard indices at once: (offsets, rows) arrays."""
+    if dim0 % num_shards == 0:
+        rows = dim0 // num_shards
+        return index * rows, np.full(index.shape, rows, dtype=np.int64)
+    chunk = -(-dim0 // num_shards)
+    start = np.minimum(dim0, chunk * index)
+    end = np.minimum(dim0, chunk * index + chunk)
+    return start, np.maximum(0, end - start)
+
+
+def dim0_breaks_of(dim0: int, num_shards: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """:func:`dim0_breaks` for saved row ranges given as arrays."""
+    if num_shards <= 1 or dim0 <= 0:
+        return np.zeros(1, dtype=np.int64)
+    chunk = -(-dim0 // num_shards)
+    filled = -(-dim0 // chunk)
+    out = np.concatenate([[0, filled - 1, filled], starts // chunk, -(-stops // chunk)])
+    return out[(out >= 0) & (out <= num_shards)]
+
+
+def local_rows(
+    shape: tuple[int, ...], topology: Topology, index: np.ndarray, *, sharded: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Along dim 0, (offset, rows) of what each shard ``index`` holds of ``shape`` (:func:`local_box`)."""
+    if sharded and shape and topology.layout.sharded:
+        return dim0_shards(shape[0], topology.dp_shard, index)
+    rows = shape[0] if shape else 1
+    return np.zeros(index.shape, dtype=np.int64), np.full(index.shape, rows, dtype=np.int64)
 
 
 @dataclass(frozen=True)

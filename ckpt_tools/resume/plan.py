@@ -30,7 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ckpt_tools.check import FAIL, WARN, Check
+from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.peft_keys import PEFT_MODEL_PREFIX
@@ -40,10 +43,11 @@ from ckpt_tools.format.rules.ignored_modules import ignored_regex, parameter_is_
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.scaling import linear_scaling
 from ckpt_tools.resume.checks import resume_checks
-from ckpt_tools.resume.placement import Box, box_numel, coordinates, dim0_breaks, local_box
-from ckpt_tools.resume.reads import ChunkLookup
+from ckpt_tools.resume.placement import coordinates, dim0_breaks_of, local_rows
+from ckpt_tools.resume.reads import Wanted, count_reads
 from ckpt_tools.resume.source import ResumeSource, SavedTensor, load_source
 from ckpt_tools.resume.target import ResumeTarget, TargetRequest, resolve_target
+from ckpt_tools.st.dtypes import numel
 from ckpt_tools.units import interval_ranges
 
 DCP_CHUNKS, WHOLE_FILE = "dcp-chunks", "whole-file"
@@ -306,19 +310,24 @@ class _Placement:
             {name: not parameter_is_ignored(name, regex, PEFT_MODEL_PREFIX) for name in source.frozen},
         )
 
-    def param(self, spec: SavedTensor, rank: int, *, frozen: bool = False) -> Box:
-        sharded = (self.frozen_sharded if frozen else self.sharded).get(spec.name, True)
-        return local_box(spec.shape, self.topology, rank, sharded=sharded)
+    def param_sharded(self, spec: SavedTensor, *, frozen: bool = False) -> bool:
+        return (self.frozen_sharded if frozen else self.sharded).get(spec.name, True)
 
-    def slot(self, param: SavedTensor | None, spec: SavedTensor, rank: int) -> Box:
+    def slot_sharded(self, param: SavedTensor | None, spec: SavedTensor) -> bool:
         """Optimizer state is created ``zeros_like(param)``: sharded like it; 0-d ``step`` is whole."""
-        follows = (
+        return (
             param is not None and self.sharded.get(param.name, True) and spec.shape == param.shape and spec.shape != ()
         )
-        return local_box(spec.shape, self.topology, rank, sharded=follows)
 
-    def nbytes(self, box: Box, spec: SavedTensor) -> int:
-        return box_numel(box) * spec.itemsize
+    def rows(self, spec: SavedTensor, sharded: bool, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Along dim 0, (offset, rows) each of ``shards`` holds of ``spec``."""
+        return local_rows(spec.shape, self.topology, shards, sharded=sharded)
+
+    def nbytes(self, spec: SavedTensor, sharded: bool, shards: np.ndarray) -> np.ndarray:
+        """Bytes of ``spec`` each of ``shards`` holds."""
+        _, rows = self.rows(spec, sharded, shards)
+        per_row = numel(spec.shape[1:]) if spec.shape else 1
+        return rows * (per_row * spec.itemsize)
 
 
 def rank_groups(source: ResumeSource, topology: Topology, target: ResumeTarget) -> list[RankGroup]:
@@ -327,37 +336,39 @@ def rank_groups(source: ResumeSource, topology: Topology, target: ResumeTarget) 
     A rank's reads and placement depend only on its ``dp_shard`` index (replicas of a shard hold
     and read the same), and along the shard indices they change only at the few indices
     :func:`~ckpt_tools.resume.placement.dim0_breaks` names. So one shard per interval between
-    those indices is evaluated: the work grows with the tensors and saved chunks, not with
-    the world size (a plan for a million processes costs what one for a hundred does).
+    those indices is evaluated, all of them at once in columns (:mod:`ckpt_tools.resume.reads`):
+    the work grows with the tensors and saved chunks, not with the world size (a plan for a
+    million processes costs what one for a hundred does).
     """
     place = _Placement.of(source, topology)
-    weights = ChunkLookup(source.weights.index) if source.weights and source.weights.index else None
-    optimizer = ChunkLookup(source.optimizer.index) if source.optimizer and source.optimizer.index else None
     whole = tuple(_whole_file_reads(source, target))
     complete = not (source.peft and not source.frozen)
     shards = topology.dp_shard if topology.layout.sharded else 1
-    bounds = sorted(_shard_breaks(source, weights, optimizer, shards) | {0, shards})
+    bounds = sorted(_shard_breaks(source, shards) | {0, shards})
+    intervals = list(itertools.pairwise(bounds))
+    reps = np.asarray([lo for lo, _ in intervals], dtype=np.int64)
+    reads: list[list[FileRead]] = [[] for _ in intervals]
+    if source.weights is not None and source.weights.index is not None:
+        specs = [(spec, place.param_sharded(spec)) for spec in source.params.values()]
+        _add_dcp_reads(reads, source, source.weights.index, specs, place, reps, "weights")
+    if source.optimizer is not None and source.optimizer.index is not None:
+        specs = [
+            (spec, place.slot_sharded(source.param_of(name), spec))
+            for name, slots in source.optimizer_state.items()
+            for spec in slots.values()
+        ]
+        _add_dcp_reads(reads, source, source.optimizer.index, specs, place, reps, "optimizer")
+    resident = _resident(source, place, reps)
     groups: dict[tuple[tuple[FileRead, ...], Resident], list[tuple[int, int]]] = {}
-    for lo, hi in itertools.pairwise(bounds):
-        reads: list[FileRead] = []
-        if weights is not None:
-            wanted = [(spec.key, place.param(spec, lo)) for spec in source.params.values()]
-            reads += _dcp_reads(source, weights, wanted, "weights")
-        if optimizer is not None:
-            wanted = [
-                (spec.key, place.slot(source.param_of(name), spec, lo))
-                for name, slots in source.optimizer_state.items()
-                for spec in slots.values()
-            ]
-            reads += _dcp_reads(source, optimizer, wanted, "optimizer")
-        intervals = groups.setdefault(((*reads, *whole), _resident(source, place, lo)), [])
-        if intervals and intervals[-1][1] == lo:
-            intervals[-1] = (intervals[-1][0], hi)  # adjacent shards with the same prediction
+    for k, (lo, hi) in enumerate(intervals):
+        spans = groups.setdefault(((*reads[k], *whole), resident[k]), [])
+        if spans and spans[-1][1] == lo:
+            spans[-1] = (spans[-1][0], hi)  # adjacent shards with the same prediction
         else:
-            intervals.append((lo, hi))
+            spans.append((lo, hi))
     return [
-        RankGroup(tuple(intervals), topology.dp_replicate, shards, reads, resident, complete)
-        for (reads, resident), intervals in groups.items()
+        RankGroup(tuple(spans), topology.dp_replicate, shards, group_reads, group_resident, complete)
+        for (group_reads, group_resident), spans in groups.items()
     ]
 
 
@@ -377,32 +388,61 @@ def rank_plans(groups: list[RankGroup], topology: Topology) -> list[RankPlan]:
     return out
 
 
-def _shard_breaks(
-    source: ResumeSource, weights: ChunkLookup | None, optimizer: ChunkLookup | None, shards: int
-) -> set[int]:
+def _shard_breaks(source: ResumeSource, shards: int) -> set[int]:
     """Every shard index at which some tensor's local box or saved-chunk overlaps can change."""
-    out: set[int] = set()
     if shards <= 1:
-        return out
-    specs = [(spec, weights) for spec in source.params.values()]
-    specs += [(spec, None) for spec in source.frozen.values()]
-    specs += [(spec, optimizer) for slots in source.optimizer_state.values() for spec in slots.values()]
-    for spec, lookup in specs:
-        if not spec.shape:
-            continue
-        entry = lookup.index.tensors.get(spec.key) if lookup is not None else None
-        saved = [(c.offsets[0], c.offsets[0] + c.sizes[0]) for c in entry.chunks if c.offsets] if entry else []
-        out |= dim0_breaks(spec.shape[0], shards, saved)
-    return out
+        return set()
+    found: list[np.ndarray] = []
+    optimizer = [spec for slots in source.optimizer_state.values() for spec in slots.values()]
+    for specs, container in (
+        (list(source.params.values()), source.weights),
+        (list(source.frozen.values()), None),
+        (optimizer, source.optimizer),
+    ):
+        table = container.index.table if container is not None and container.index is not None else None
+        for spec in specs:
+            if not spec.shape:
+                continue
+            t = table.tensor_id(spec.key) if table is not None else None
+            starts, stops = _EMPTY, _EMPTY
+            if table is not None and t is not None:
+                rows = table.rows_of(t)
+                stored = table.file[rows] >= 0
+                starts = table.offsets[rows, 0][stored]
+                stops = starts + table.sizes[rows, 0][stored]
+            found.append(dim0_breaks_of(spec.shape[0], shards, starts, stops))
+    return set(np.unique(np.concatenate(found)).tolist()) if found else set()
 
 
-def _dcp_reads(source: ResumeSource, lookup: ChunkLookup, wanted: list[tuple[str, Box]], role: str) -> list[FileRead]:
-    counter = lookup.count([(key, box) for key, box in wanted if key in lookup.index.tensors], byte_items=True)
-    prefix = lookup.index.root.relative_to(source.paths.root)
-    return [
-        FileRead(str(prefix / file), counter.bytes[file], counter.requests[file], DCP_CHUNKS, role)
-        for file in sorted(counter.bytes)
-    ]
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _add_dcp_reads(
+    reads: list[list[FileRead]],
+    source: ResumeSource,
+    index: ChunkIndex,
+    specs: list[tuple[SavedTensor, bool]],
+    place: _Placement,
+    reps: np.ndarray,
+    role: str,
+) -> None:
+    """Append each interval's reads from one DCP directory (one :class:`FileRead` per file)."""
+    table = index.table
+    wanted = []
+    for spec, sharded in specs:
+        t = table.tensor_id(spec.key)
+        if t is not None:
+            start, rows = place.rows(spec, sharded, reps)
+            wanted.append(Wanted(t, start, rows))
+    totals = count_reads(table, wanted, len(reps), byte_items=True)
+    prefix = index.root.relative_to(source.paths.root)
+    byte_files = [b.file or "" for b in table.byte_items]
+    for k in range(len(reps)):
+        per_file = totals.of_shard(k, table.files, byte_files)
+        reads[k] += [
+            FileRead(str(prefix / file), nbytes, requests, DCP_CHUNKS, role)
+            for file, (nbytes, requests) in sorted(per_file.items())
+        ]
 
 
 def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRead]:
@@ -426,25 +466,35 @@ def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRe
     return out
 
 
-def _resident(source: ResumeSource, place: _Placement, rank: int) -> Resident:
-    """Local bytes after the load: every parameter (PEFT: the frozen base too), the trainable ones'
-    gradients, and the optimizer state of parameters the model has."""
-    params = sum(place.nbytes(place.param(s, rank), s) for s in source.params.values())
-    params += sum(place.nbytes(place.param(s, rank, frozen=True), s) for s in source.frozen.values())
-    optimizer = 0
+def _resident(source: ResumeSource, place: _Placement, reps: np.ndarray) -> list[Resident]:
+    """Local bytes after the load, per shard in ``reps``: every parameter (PEFT: the frozen base too),
+    the trainable ones' gradients, and the optimizer state of parameters the model has."""
+    zero = np.zeros(reps.shape, dtype=np.int64)
+    params = zero.copy()
+    for spec in source.params.values():
+        params += place.nbytes(spec, place.param_sharded(spec), reps)
+    for spec in source.frozen.values():
+        params += place.nbytes(spec, place.param_sharded(spec, frozen=True), reps)
     if source.positional:
         # LeRobot's unsharded state, keyed by position: held whole (it never loads into a sharded
         # run), and each parameter's gradient has the shape and dtype of its exp_avg.
         slots_of = list(source.optimizer_state.values())
         grads = sum(slots["exp_avg"].nbytes for slots in slots_of if "exp_avg" in slots)
-        optimizer = sum(spec.nbytes for slots in slots_of for spec in slots.values())
-        return Resident(params, grads, optimizer)
-    grads = sum(place.nbytes(place.param(source.params[n], rank), source.params[n]) for n in source.trainable)
+        held = sum(spec.nbytes for slots in slots_of for spec in slots.values())
+        return [Resident(p, grads, held) for p in params.tolist()]
+    grads_by_shard = zero.copy()
+    for name in source.trainable:
+        spec = source.params[name]
+        grads_by_shard += place.nbytes(spec, place.param_sharded(spec), reps)
+    optimizer = zero.copy()
     for name, slots in source.optimizer_state.items():
         param = source.param_of(name)
         if param is not None:
-            optimizer += sum(place.nbytes(place.slot(param, spec, rank), spec) for spec in slots.values())
-    return Resident(params, grads, optimizer)
+            for spec in slots.values():
+                optimizer += place.nbytes(spec, place.slot_sharded(param, spec), reps)
+    return [
+        Resident(p, g, o) for p, g, o in zip(params.tolist(), grads_by_shard.tolist(), optimizer.tolist(), strict=True)
+    ]
 
 
 def _node_notes(topology: Topology) -> list[str]:

@@ -23,12 +23,14 @@ from hypothesis import strategies as st
 from ckpt_tools.dcp import casting, validate
 from ckpt_tools.dcp.assemble import Copy, tensor_pieces
 from ckpt_tools.dcp.files import ShardFiles
-from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
+from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata, parse_metadata
 from ckpt_tools.dcp.reader import read_chunk_layout
+from ckpt_tools.dcp.table import TableBuilder
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
 from ckpt_tools.st import dtypes
 from tests.support.dcp_fixtures import FSDP2_DCP, FSDP2_OPT
+from tests.support.tables import same_tables
 
 ST_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -38,13 +40,13 @@ ST_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": tor
 
 def test_real_metadata_parses_into_plain_types(ckpts: Path) -> None:
     md = load_metadata(ckpts / FSDP2_DCP)
-    item = md.items["model.extras.big"]
-    assert item.dtype == "float32" and item.size == (2600, 1030)
-    assert [c.sizes for c in item.chunks] == [(1300, 1030), (1300, 1030)]
-    assert md.planner_data["model.encoder.layers.0.linear1.weight"] == ("model", "encoder.layers.0.linear1.weight")
+    t = md.tensor_id("model.extras.big")
+    assert t is not None and md.dtypes[t] == "float32" and md.shapes[t] == (2600, 1030)
+    assert [sizes for _, sizes in md.boxes(t)] == [(1300, 1030), (1300, 1030)]
+    assert md.path_of("model.encoder.layers.0.linear1.weight") == ("model", "encoder.layers.0.linear1.weight")
     assert isinstance(md.checkpoint_id, str) and md.checkpoint_id.endswith("pytorch_model_fsdp_0")
     opt = load_metadata(ckpts / FSDP2_OPT)
-    assert opt.planner_data["optimizer.param_groups.0.lr"] == ("optimizer", "param_groups", 0, "lr")
+    assert opt.path_of("optimizer.param_groups.0.lr") == ("optimizer", "param_groups", 0, "lr")
 
 
 class Reduce:
@@ -128,8 +130,11 @@ def raw_bytes(tensor: torch.Tensor) -> bytes:
 
 def single_chunk_entry(name: str, tensor: torch.Tensor, file: str, offset: int, length: int) -> TensorEntry:
     shape = tuple(tensor.shape)
-    chunk = Chunk((0,) * len(shape), shape, file, offset, length)
-    return TensorEntry(name, (name,), str(tensor.dtype).removeprefix("torch."), shape, (chunk,))
+    builder = TableBuilder()
+    t = builder.tensor(name, str(tensor.dtype).removeprefix("torch."), shape)
+    builder.chunk(t, (0,) * len(shape), shape)
+    builder.storage(name, (0,) * len(shape), file, offset, length, 0)
+    return ChunkIndex.from_table(Path("."), builder.build()).tensors[name]
 
 
 @pytest.mark.parametrize(
@@ -335,5 +340,5 @@ def test_metadata_in_the_older_sharded_tensor_classes_parses(ckpts: Path) -> Non
     data = pickle.dumps(md)
     assert b"sharded_tensor.metadata" in data
     parsed = parse_metadata(data)
-    assert parsed.items["model.extras.bf16"].dtype == "bfloat16"
-    assert parsed.items == load_metadata(ckpts / FSDP2_DCP).items
+    assert parsed.dtypes[parsed.names.index("model.extras.bf16")] == "bfloat16"
+    assert same_tables(parsed, load_metadata(ckpts / FSDP2_DCP))

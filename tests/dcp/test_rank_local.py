@@ -15,7 +15,7 @@ from tests.support.producers import RANK_LOCAL_DCP
 
 def test_each_chunk_is_kept_once_from_the_lowest_rank() -> None:
     index = ChunkIndex.load(RANK_LOCAL_DCP)
-    assert index.metadata.rank_local == ("__0.metadata", "__1.metadata")
+    assert index.table.rank_local == ("__0.metadata", "__1.metadata")
     # plain tensors are in both ranks' files: rank 0's copy is read; the sharded one is half in each
     assert {c.file for c in index.tensors["model.embed.weight"].chunks} == {"__0_0.distcp"}
     assert [c.file for c in index.tensors["model.sharded.weight"].chunks] == ["__0_0.distcp", "__1_0.distcp"]

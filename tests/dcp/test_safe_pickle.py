@@ -31,6 +31,7 @@ from devtools.reliability import fuzz_mutations as M
 from devtools.reliability import fuzz_payloads as P
 from devtools.reliability.fuzz_runner import fenced
 from devtools.reliability.process_state import changes, fingerprint
+from tests.support.tables import same_tables
 
 ALLOWLISTS = {"metadata": metadata.METADATA_ALLOWLIST, "data": reader._DATA_ALLOWLIST, "plain": validate.PLAIN_OBJECTS}
 ATTACKS = P.build_attacks()
@@ -217,7 +218,10 @@ BUDGET = "builds more than a pickle of its size can describe"
 KEY = "a dict key or set member that is"
 SPLICED_BOMBS = {  # what each one is refused for
     "a memoized string joined into a path 200 000 times": (P.join_bomb, BUDGET),
-    "one list passed to torch.Size 50 000 times": (P.call_args_bomb, BUDGET),
+    "one list passed to torch.Size 50 000 times": (
+        P.call_args_bomb,
+        "torch.Size of something that is not a short tuple",
+    ),
     "a tuple of 2**60 leaves as a dict key": (P.tuple_bomb_as_key, KEY + " a tuple of 2 items"),
     "a 200 kB integer as a dict key 20 000 times": (P.big_int_key, KEY + " an integer of 1599993 bits"),
 }
@@ -267,7 +271,7 @@ def test_real_metadata_stays_eight_times_inside_every_budget(tmp_path: Path, mon
         monkeypatch.setattr(module, name, getattr(module, name) / 8)
     monkeypatch.setattr(metadata, "BUDGET_BASE", 0)
     monkeypatch.setattr(safe_pickle, "WORK_BASE", 0)
-    assert parse_metadata(data) == expected
+    assert same_tables(parse_metadata(data), expected)
 
 
 def test_an_ordered_dict_item_still_reads_as_plain_data() -> None:

@@ -10,6 +10,7 @@ directory ``dcp.save`` wrote passing the check) is the check of that builder.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
-from ckpt_tools.dcp.metadata import ChunkMeta, TensorMeta
+from ckpt_tools.dcp.table import TableBuilder
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.record import Topology, TrainingStep, training_step_json
@@ -211,17 +212,17 @@ boxes = st.integers(min_value=1, max_value=3).flatmap(
 def test_tiling_check_agrees_with_brute_force(raw: list) -> None:
     """Chunks are reported fine exactly when they lie inside the tensor, never overlap and cover it."""
     shape = tuple(max(off[i] + size[i] for off, size in raw) for i in range(len(raw[0][0])))
-    chunks = tuple(ChunkMeta(off, size) for off, size in raw)
-    meta = TensorMeta("float32", shape, chunks)
-    nonempty = [c for c in chunks if c.numel]
+    builder = TableBuilder()
+    t = builder.tensor("t", "float32", shape)
+    for off, size in raw:
+        builder.chunk(t, off, size)
+    nonempty = [(off, size) for off, size in raw if math.prod(size)]
     overlap = any(
-        all(
-            o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
-        )
+        all(o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in zip(a[0], a[1], b[0], b[1], strict=True))
         for a, b in itertools.combinations(nonempty, 2)
     )
-    covered = sum(c.numel for c in nonempty) == meta.numel
-    assert (validate.tiling_problems("t", meta) == []) == (not overlap and covered)
+    covered = sum(math.prod(size) for _, size in nonempty) == math.prod(shape)
+    assert (validate.tiling_problems(builder.build()) == []) == (not overlap and covered)
 
 
 # ---------------------------------------------------------------------- one line for every reader

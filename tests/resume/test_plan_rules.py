@@ -11,19 +11,19 @@ import itertools
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties, TensorStorageMetadata
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.tensor.placement_types import Shard
 
-from ckpt_tools.dcp.index import Chunk, ChunkIndex, TensorEntry
-from ckpt_tools.dcp.metadata import DcpMetadata
+from ckpt_tools.dcp.table import ChunkTable, TableBuilder
 from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.format.rules.startup import RunSettings, resolve_parallelism, setting_refusals, world_refusals
 from ckpt_tools.format.train_config import SavedConfig
 from ckpt_tools.resume.placement import dim0_shard, local_box
-from ckpt_tools.resume.reads import ChunkLookup
+from ckpt_tools.resume.reads import Wanted, count_reads
 from ckpt_tools.resume.target import TargetRequest, resolve_target
 
 
@@ -75,11 +75,8 @@ def test_read_emulation_matches_dcp_planner(
     shape = (dim0, dim1)[:ndim]
     saved = _saved_chunks(shape, cuts, cols)
     # Each saved chunk lives in its own span of a rank file, with a distinctive length.
-    chunks = tuple(
-        Chunk(offsets, sizes, f"__{i % 3}_0.distcp", 1000 * i, 100 + i) for i, (offsets, sizes) in enumerate(saved)
-    )
-    entry = TensorEntry("model.w", ("model", "w"), "float32", shape, chunks)
-    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {"model.w": entry}, {})
+    files = [f"__{i % 3}_0.distcp" for i in range(len(saved))]
+    table = _table("model.w", shape, saved, files, [100 + i for i in range(len(saved))])
     saved_md = [ChunkStorageMetadata(list(o), list(s)) for o, s in saved]  # type: ignore[arg-type]
     md = TensorStorageMetadata(TensorProperties(), shape, saved_md)
     topology = Topology(world, 1, world) if world > 1 else Topology(1, 1, 1)
@@ -88,25 +85,33 @@ def test_read_emulation_matches_dcp_planner(
         items = create_read_items_for_chunk_list("model.w", md, [ChunkStorageMetadata(list(box[0]), list(box[1]))])
         expected: Counter[str] = Counter()
         for item in items:
-            chunk = chunks[item.storage_index.index]
-            expected[chunk.file] += chunk.length
-        got = ChunkLookup(index).count([("model.w", box)], byte_items=False)
-        assert dict(got.bytes) == dict(expected), (rank, box, saved)
+            i = item.storage_index.index
+            expected[files[i]] += 100 + i
+        assert _reads_of(table, box) == dict(expected), (rank, box, saved)
+
+
+def _table(name: str, shape: tuple[int, ...], saved: list, files: list[str], lengths: list[int]) -> ChunkTable:
+    builder = TableBuilder()
+    t = builder.tensor(name, "float32", shape)
+    for i, (offsets, sizes) in enumerate(saved):
+        builder.chunk(t, offsets, sizes)
+        builder.storage(name, offsets, files[i], 1000 * i, lengths[i], 0)
+    return builder.build()
+
+
+def _reads_of(table: ChunkTable, box: tuple[tuple[int, ...], tuple[int, ...]]) -> dict[str, int]:
+    """Bytes per file one rank's ``box`` (a dim-0 range, whole elsewhere) reads, by the columnar emulation."""
+    start = np.asarray([box[0][0] if box[0] else 0], dtype=np.int64)
+    rows = np.asarray([box[1][0] if box[1] else 1], dtype=np.int64)
+    totals = count_reads(table, [Wanted(0, start, rows)], 1, byte_items=False)
+    return {name: nbytes for name, (nbytes, _) in totals.of_shard(0, table.files, []).items()}
 
 
 def test_zero_dim_tensor_is_read_whole_on_every_rank() -> None:
-    entry = TensorEntry(
-        "optimizer.state.w.step",
-        ("optimizer", "state", "w", "step"),
-        "float32",
-        (),
-        (Chunk((), (), "__1_0.distcp", 0, 77),),
-    )
-    index = ChunkIndex(Path("."), DcpMetadata({}, {}, {}), {entry.fqn: entry}, {})
+    table = _table("optimizer.state.w.step", (), [((), ())], ["__1_0.distcp"], [77])
     topology = Topology(4, 2, 2)
     for rank in range(4):
-        got = ChunkLookup(index).count([(entry.fqn, local_box((), topology, rank, sharded=True))], byte_items=False)
-        assert dict(got.bytes) == {"__1_0.distcp": 77}
+        assert _reads_of(table, local_box((), topology, rank, sharded=True)) == {"__1_0.distcp": 77}
 
 
 def test_resume_target_applies_the_start_up_rules_to_the_merged_config(tmp_path: Path) -> None:

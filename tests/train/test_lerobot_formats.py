@@ -102,7 +102,7 @@ def test_sharded_optimizer_state_is_laid_out_as_lerobot_mains(runs: dict[str, Pa
     """Both write get_optimizer_state_dict under "optimizer": state by parameter name, param groups by index."""
 
     def fields(directory: Path) -> tuple[set[str], set[str]]:
-        items = load_metadata(directory).items
+        items = load_metadata(directory).item_names
         assert all(k.startswith(("optimizer.state.", "optimizer.param_groups.")) for k in items)
         slots = {k.rsplit(".", 1)[1] for k in items if k.startswith("optimizer.state.")}
         group_fields = {k.split(".", 3)[3] for k in items if k.startswith("optimizer.param_groups.0.")}

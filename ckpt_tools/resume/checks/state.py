@@ -124,11 +124,12 @@ def _weights(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     n = target.world_size
     onto = target.topology.describe() if target.topology else f"{n} process{'es' if n != 1 else ''}"
     if weights.index is not None:
-        files = len({c.file for e in weights.index.tensors.values() for c in e.chunks})
+        table = weights.index.table
+        files = len(set(table.file[table.file >= 0].tolist()))
         out = [
             Check.ok(
                 "weights",
-                f"{where} (DCP: {len(weights.index.tensors)} tensors in {files} shard files) reshards onto {onto}",
+                f"{where} (DCP: {len(table.names)} tensors in {files} shard files) reshards onto {onto}",
             )
         ]
     else:

@@ -23,18 +23,19 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.format import layout
 from ckpt_tools.io.writeback import WritebackFile
 from ckpt_tools.train.checkpoint import writer_threads
 from ckpt_tools.train.checkpoint.audit import CountingReader
-from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, load_torch_metadata
+from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, directory_torch_metadata
+from ckpt_tools.train.checkpoint.save_index import write_save_index
 
 # ====================================================================== save
 
 
 def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     """``dcp.save`` into ``directory``: no per-chunk CRC32, cached plans, a writer thread per free
-    core, disk writeback started as the shard file grows (:class:`WritebackFileSystemWriter`).
+    core, disk writeback started as the shard file grows (:class:`WritebackFileSystemWriter`);
+    then the coordinator indexes it (``.metadata.index``, :mod:`~ckpt_tools.train.checkpoint.save_index`).
 
     Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs a large share of
     the save on CPU, and nothing ever verifies it on load (torch, accelerate and our reader
@@ -53,9 +54,11 @@ def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     try:
         writer = WritebackFileSystemWriter(directory, thread_count=writer_threads_per_rank())
         with writer_threads.watched():  # torch drops its writer threads' failures
-            dcp.save(state, storage_writer=writer, planner=CachedPlanSavePlanner(key), process_group=group)
+            metadata = dcp.save(state, storage_writer=writer, planner=CachedPlanSavePlanner(key), process_group=group)
     finally:
         config.save.compute_crc32 = previous
+    if not dist.is_initialized() or dist.get_rank(group) == 0:  # the coordinator that wrote .metadata
+        write_save_index(directory, metadata)
 
 
 def os_error_in(error: BaseException) -> OSError | None:
@@ -128,7 +131,7 @@ def dcp_load(state: dict[str, Any], directory: Path, step_root: Path) -> dict[st
     ``.metadata`` is validated and unpickled data-only before torch sees it (torch would
     ``pickle.load`` it). The returned spans are keyed by path relative to ``step_root``.
     """
-    reader = CountingReader(directory, load_torch_metadata(directory / layout.DCP_METADATA))
+    reader = CountingReader(directory, directory_torch_metadata(directory))
     try:
         with warnings.catch_warnings():
             # A single-process resume from shards is intended; torch warns about it regardless.

@@ -48,11 +48,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from ckpt_tools.dcp import read_chunk_layout, validate
-from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, BytesMeta, DcpMetadata, parse_metadata
+from ckpt_tools.dcp.index import ChunkIndex
+from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import CorruptCheckpoint, UnsafeCheckpoint, shown
-from ckpt_tools.format import manifest
+from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.io.safe_read import read_bytes
 
 
 def require_valid_dcp_inputs(paths: StepPaths) -> None:
@@ -67,47 +67,68 @@ def require_valid_dcp_inputs(paths: StepPaths) -> None:
 
 
 def load_torch_metadata(path: str | os.PathLike[str]) -> Metadata:
-    """``.metadata`` as torch's ``Metadata``, built from what the torch-free reader checked."""
-    what = str(path)
-    try:
-        data = read_bytes(path, MAX_METADATA_BYTES)
-    except OSError as e:
-        raise CorruptCheckpoint(f"{what}: unreadable ({e.strerror or e})") from None
-    return to_torch_metadata(parse_metadata(data, what=what), what)
+    """One ``.metadata`` (or rank-local ``__<r>.metadata``) file as torch's ``Metadata``, from what the
+    torch-free reader checked."""
+    from pathlib import Path
+
+    from ckpt_tools.dcp.metadata import parse_metadata_file
+
+    return to_torch_metadata(parse_metadata_file(Path(path)), str(path))
 
 
-def to_torch_metadata(md: DcpMetadata, what: str) -> Metadata:
-    """torch's ``Metadata`` for ``md``: the fields torch's load reads, from plain checked values.
+def directory_torch_metadata(directory: str | os.PathLike[str]) -> Metadata:
+    """A DCP directory's metadata as torch's ``Metadata``, from its chunk table (the save's index
+    when it has a sound one, else ``.metadata`` through the torch-free reader)."""
+    index = ChunkIndex.load(directory)
+    return to_torch_metadata(index.table, str(index.root / layout.DCP_METADATA))
+
+
+def to_torch_metadata(table: ChunkTable, what: str) -> Metadata:
+    """torch's ``Metadata`` for ``table``: the fields torch's load reads, from plain checked values.
 
     ``TensorProperties`` keeps only the dtype (the only field a load reads; torch marks the
     others deprecated and the reader accepts only strided tensors); a ``MetadataIndex``'s
-    ``index`` is a search hint that equality ignores.
+    ``index`` is a search hint that equality ignores. Chunks without a storage entry are left
+    out (validation refuses a directory with one before any load).
     """
     items: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
-    for fqn, item in md.items.items():
-        if isinstance(item, BytesMeta):
-            items[fqn] = BytesStorageMetadata()
-            continue
-        dtype = getattr(torch, item.dtype, None)
+    storage: dict[MetadataIndex, _StorageInfo] = {}
+    files = table.files
+    for t, fqn in enumerate(table.names):
+        dtype = getattr(torch, table.dtypes[t], None)
         if not isinstance(dtype, torch.dtype):
-            raise CorruptCheckpoint(f"{what}: {shown(fqn, 200)} has dtype {item.dtype}, which this torch lacks")
+            raise CorruptCheckpoint(f"{what}: {shown(fqn, 200)} has dtype {table.dtypes[t]}, which this torch lacks")
+        rows = table.rows_of(t)
+        chunks = []
+        for i in range(rows.start, rows.stop):
+            f = int(table.file[i])
+            if f < 0:
+                continue
+            nd = max(int(table.ndim[i]), 0)
+            offsets = torch.Size(table.offsets[i, :nd].tolist())
+            chunks.append(ChunkStorageMetadata(offsets, torch.Size(table.sizes[i, :nd].tolist())))
+            transforms = table.transforms[int(table.transform[i])]
+            storage[MetadataIndex(fqn, offsets)] = _StorageInfo(
+                files[f], int(table.start[i]), int(table.length[i]), list(transforms) or None
+            )
         items[fqn] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=dtype),
-            size=torch.Size(item.size),
-            chunks=[ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in item.chunks],
+            properties=TensorProperties(dtype=dtype), size=torch.Size(table.shapes[t]), chunks=chunks
         )
-    storage = {
-        MetadataIndex(fqn, offsets): _StorageInfo(
-            info.relative_path, info.offset, info.length, list(info.transform_descriptors) or None
-        )
-        for (fqn, offsets), info in md.storage.items()
-    }
+    for item in table.byte_items:
+        items[item.name] = BytesStorageMetadata()
+        if item.file is not None:
+            storage[MetadataIndex(item.name)] = _StorageInfo(
+                item.file, item.start, item.length, list(item.transforms) or None
+            )
     return Metadata(
         state_dict_metadata=items,
-        planner_data=dict(md.planner_data),
+        planner_data={
+            **{n: table.paths[t] for t, n in enumerate(table.names)},
+            **{b.name: b.path for b in table.byte_items},
+        },
         storage_data=storage,
-        storage_meta=StorageMeta(checkpoint_id=md.checkpoint_id, modules=list(md.modules)),
-        version=md.version,
+        storage_meta=StorageMeta(checkpoint_id=table.checkpoint_id, modules=list(table.modules)),
+        version=table.version,
     )
 
 

@@ -590,14 +590,15 @@ def _inspect_dcp(
         return
     rank_local = index.table.rank_local
     read = f"rank-local metadata, the union of {', '.join(rank_local)} (no .metadata): " if rank_local else ""
-    source = {"index": " (read from the save's index)", "cache": " (read from the cache)"}.get(index.origin.source, "")
     report.checks.append(
         Check.ok(
             f"{rel}/.metadata",
-            f"{read}{len(index.table.names)} tensors in {index.table.rows} chunks,"
-            f" {len(index.byte_items)} other items{source}",
+            f"{read}{len(index.table.names)} tensors in {index.table.rows} chunks, {len(index.byte_items)} other items",
         )
     )
+    source = {"index": "the save's index (.metadata.index)", "cache": "the cache of an earlier look"}
+    if index.origin.source in source:
+        report.notes.append(f"{rel}: chunk table read from {source[index.origin.source]}")
     if index.origin.note:
         report.checks.append(Check.warn(f"{rel}/{L.DCP_INDEX}", index.origin.note))
     problems = validate.structure_problems(index)
@@ -624,7 +625,7 @@ def _inspect_dcp(
         kinds = ", ".join(f"{n} {dtype}" for dtype, n in sorted(unrepresentable.items()))
         report.notes.append(f"{rel}: {kinds} tensors have no safetensors dtype; convert-dcp skips them")
     if not problems:
-        archives = _archive_check(index, rel)
+        archives = _archive_check(index, rel, report.notes)
         report.checks.append(archives)
         if report.values_checked and not archives.failed:
             _values_check(rel, report, lambda: scan_dcp(index, rel))
@@ -657,20 +658,21 @@ def _inspect_dcp(
             report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
 
 
-def _archive_check(index: ChunkIndex, rel: str) -> Check:
-    """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data."""
-    vouched = index.archives_known_good()
+def _archive_check(index: ChunkIndex, rel: str, notes: list[str]) -> Check:
+    """Each chunk's archive holds what ``.metadata`` promises; each non-tensor item is plain data.
+
+    While every shard file is as it was when its archives were known sound - written by the
+    save that indexed them, or checked by an earlier look - they are not read again (a note
+    says so; ``--no-cache`` reads them all).
+    """
+    if index.archives_known_good():
+        how = "as the save wrote them" if index.origin.source == "index" else "as an earlier look checked them"
+        notes.append(f"{rel}: chunk archives {how}: every shard file's size and time unchanged since, not re-read")
     found = validate.archive_problems(index)
     if found:
         return Check.fail(f"{rel} chunk data", validate.summary(found))
     chunks = index.chunk_count
     items = f" and {len(index.byte_items)} non-tensor items are plain data" if index.byte_items else ""
-    if vouched:
-        how = "as the save wrote them" if index.origin.source == "index" else "as checked before"
-        return Check.ok(
-            f"{rel} chunk data",
-            f"{chunks} chunk archives {how} (every shard file's size and time unchanged since){items}",
-        )
     return Check.ok(f"{rel} chunk data", f"{chunks} chunk archives hold the dtype and shape .metadata says{items}")
 
 

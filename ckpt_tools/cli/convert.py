@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
-from ckpt_tools.cli.options import JsonOpt
+from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.errors import UsageError
 from ckpt_tools.units import human_bytes
 
@@ -104,28 +104,30 @@ def convert_dcp_command(
     private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")] = False,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     if checkpoint is not None and checkpoint_dir is not None and checkpoint != checkpoint_dir:
         raise UsageError("give the checkpoint either as CHECKPOINT_DIR or with --checkpoint-dir, not both")
     source = checkpoint_dir or checkpoint
     if source is None:
         raise UsageError("missing CHECKPOINT_DIR (or --checkpoint-dir)")
-    run_convert(
-        source,
-        output=output,
-        dtype=dtype,
-        max_shard_size=max_shard_size,
-        what=what,
-        key=key,
-        dry_run=dry_run,
-        delete_dcp=delete_dcp,
-        allow_unresumable=allow_unresumable,
-        overwrite=overwrite,
-        push_to_hub=push_to_hub,
-        private=private,
-        json_out=json_out,
-        quiet=quiet,
-    )
+    with fresh_reads(no_cache):
+        run_convert(
+            source,
+            output=output,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            what=what,
+            key=key,
+            dry_run=dry_run,
+            delete_dcp=delete_dcp,
+            allow_unresumable=allow_unresumable,
+            overwrite=overwrite,
+            push_to_hub=push_to_hub,
+            private=private,
+            json_out=json_out,
+            quiet=quiet,
+        )
 
 
 def run_convert(

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
-from ckpt_tools.cli.options import JsonOpt
+from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes, human_count
 
@@ -51,10 +51,12 @@ def inspect_command(
         ),
     ] = False,
     json_out: JsonOpt = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.inspect import inspect_path
 
-    report = inspect_path(path, tensors=tensors, check_values=check_values)
+    with fresh_reads(no_cache):
+        report = inspect_path(path, tensors=tensors, check_values=check_values)
     if json_out:
         emit_json(report.to_dict())
     else:

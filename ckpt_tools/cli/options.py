@@ -8,8 +8,9 @@ so the two commands cannot drift apart. ``--json`` means the same for every comm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -49,6 +50,26 @@ TrainerOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Read every DCP .metadata and chunk header afresh: use neither the save's .metadata.index nor"
+        " the cache of earlier looks (~/.cache/ckpt_tools, or $CKPT_TOOLS_CACHE_DIR), and add nothing to it.",
+    ),
+]
+
+
+@contextlib.contextmanager
+def fresh_reads(no_cache: bool) -> Iterator[None]:
+    """Within the block, ``--no-cache``'s choice (:func:`ckpt_tools.dcp.sources.reading`)."""
+    if not no_cache:
+        yield
+        return
+    from ckpt_tools.dcp.sources import reading
+
+    with reading(index=False, cache=False):
+        yield
 
 
 def target_request(parameters: Mapping[str, Any]) -> TargetRequest:

@@ -52,11 +52,13 @@ def reshard_plan_command(
     checkpoint_format: opt.CheckpointFormatOpt = None,
     trainer: opt.TrainerOpt = None,
     json_out: opt.JsonOpt = False,
+    no_cache: opt.NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.resume.plan import plan_reshard
 
     request = opt.target_request(locals())
-    plan = plan_reshard(checkpoint, request)
+    with opt.fresh_reads(no_cache):
+        plan = plan_reshard(checkpoint, request)
     if json_out:
         emit_json(plan.to_dict())
     else:

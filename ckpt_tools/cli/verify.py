@@ -61,11 +61,13 @@ def verify_resume_command(
     trainer: opt.TrainerOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
     json_out: opt.JsonOpt = False,
+    no_cache: opt.NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.resume.verify import verify_resume
 
     request = opt.target_request(locals())
-    report = verify_resume(checkpoint, request, config=config, strict=strict)
+    with opt.fresh_reads(no_cache):
+        report = verify_resume(checkpoint, request, config=config, strict=strict)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -131,7 +131,7 @@ def dcp_load(state: dict[str, Any], directory: Path, step_root: Path) -> dict[st
     ``.metadata`` is validated and unpickled data-only before torch sees it (torch would
     ``pickle.load`` it). The returned spans are keyed by path relative to ``step_root``.
     """
-    reader = CountingReader(directory, directory_torch_metadata(directory))
+    reader = CountingReader(directory, directory_torch_metadata(directory, state))
     try:
         with warnings.catch_warnings():
             # A single-process resume from shards is intended; torch warns about it regardless.

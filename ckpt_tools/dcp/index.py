@@ -30,7 +30,7 @@ import numpy as np
 from ckpt_tools.dcp import sources
 from ckpt_tools.dcp.files import is_inside
 from ckpt_tools.dcp.table import ChunkTable
-from ckpt_tools.errors import CheckpointError
+from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format.layout import DCP_INDEX, DCP_METADATA
 from ckpt_tools.st import dtypes
 
@@ -150,13 +150,18 @@ class ChunkIndex:
             found = _MEMO.get(key)
             if found is not None:
                 _MEMO.move_to_end(key)
+                if isinstance(found, CkptError):  # the same unchanged file: the same refusal, no second parse
+                    raise type(found)(str(found))
                 return found
-        table, origin = sources.load_table(root)
+        try:
+            table, origin = sources.load_table(root)
+        except CkptError as e:
+            if key is not None:
+                _remember(key, e)
+            raise
         index = cls(root, table, origin)
         if key is not None and origin.source != "rank-local":
-            _MEMO[key] = index
-            while len(_MEMO) > _MEMO_SIZE:
-                _MEMO.popitem(last=False)
+            _remember(key, index)
         return index
 
     @classmethod
@@ -252,7 +257,13 @@ def _sum_by(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-_MEMO: OrderedDict[tuple[object, ...], ChunkIndex] = OrderedDict()
+_MEMO: OrderedDict[tuple[object, ...], ChunkIndex | CkptError] = OrderedDict()
+
+
+def _remember(key: tuple[object, ...], value: ChunkIndex | CkptError) -> None:
+    _MEMO[key] = value
+    while len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
 
 
 def _memo_key(root: Path) -> tuple[object, ...] | None:

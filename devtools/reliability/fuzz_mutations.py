@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -846,6 +847,46 @@ def _set(doc: Any, key_path: list[Any], value: Any) -> None:
         node[key_path[-1]] = value
 
 
+def damaged_index(arena: Arena, rng: random.Random) -> Mutation:
+    """The save's ``.metadata.index`` damaged or swapped: the tools must fall back to ``.metadata``.
+
+    Flipped bits, a cut, the other DCP directory's index, or an index whose digest is right but
+    whose columns hold a value no table can (re-digested after the edit). Nothing about the
+    checkpoint itself changes, so every reader must answer as on the seed.
+    """
+    from ckpt_tools.dcp import index_file
+
+    dirs = [d for d in dcp_dirs(arena.step) if (arena.step / d / ".metadata.index").is_file()]
+    if not dirs:
+        return bitflip_metadata(arena, rng)
+    dcp = rng.choice(dirs)
+    path = arena.step / dcp / ".metadata.index"
+    how = rng.choice(["flip", "cut", "other", "lying"])
+    if how == "flip":
+        detail = f"bits at {flip_bits(path, 0, path.stat().st_size, rng, rng.choice([1, 2, 8]))}"
+    elif how == "cut":
+        size = path.stat().st_size
+        at = rng.randrange(0, max(1, size))
+        os.truncate(path, at)
+        detail = f"cut to {at} of {size} bytes"
+    elif how == "other" and len(dirs) > 1:
+        other = next(d for d in dirs if d != dcp)
+        shutil.copyfile(arena.step / other / ".metadata.index", path)
+        detail = f"replaced by {other}'s index"
+    else:
+        import numpy as np
+
+        table, binding = index_file.read_index(path.read_bytes(), what=str(path))
+        column = rng.choice(["file", "start", "ndim", "transform"])
+        values = getattr(table, column).copy()
+        if values.size:
+            values[rng.randrange(values.size)] = rng.choice([-(2**40), len(table.files) + 7, 2**62 + 5])
+        setattr(table, column, values.astype(np.int64))
+        path.write_bytes(index_file.index_bytes(table, binding))
+        detail = f"a {column} value out of range, digest recomputed"
+    return Mutation("damaged_index", f"{dcp}/.metadata.index {detail}", [f"{dcp}/.metadata.index"])
+
+
 FAMILIES: dict[str, Family] = {
     "truncate": truncate,
     "bitflip_safetensors_header": bitflip_safetensors_header,
@@ -862,4 +903,5 @@ FAMILIES: dict[str, Family] = {
     "metadata_work_bomb": metadata_work_bomb,
     "hostile_paths": hostile_paths,
     "json_wrong_types": json_wrong_types,
+    "damaged_index": damaged_index,
 }

@@ -54,6 +54,29 @@ def test_every_reader_survives_fuzzed_checkpoints(seeds: list[Seed], tmp_path: P
     assert sum(s == "error" for r in seen for s in r.statuses().values()) > len(seen)
 
 
+METADATA_FAMILIES = (
+    "bitflip_metadata",
+    "metadata_bomb",
+    "metadata_work_bomb",
+    "deep_pickle",
+    "callable_pickle",
+    "build_pickle",
+    "damaged_index",
+)
+
+
+@pytest.mark.parametrize("family", METADATA_FAMILIES)
+def test_the_isolated_metadata_reader_survives_the_metadata_families(
+    seeds: list[Seed], tmp_path: Path, family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``.metadata`` through C's unpickler in the worker (large files' engine), whatever its size."""
+    from ckpt_tools.dcp.metadata import ENGINE_ENV
+
+    monkeypatch.setenv(ENGINE_ENV, "isolated")
+    for rng_seed in (1, 2):
+        _assert_clean(run_case(seeds[0], family, rng_seed, tmp_path))
+
+
 def _callable_in_metadata(arena: M.Arena, rng: object) -> M.Mutation:
     payload = P.CallablePayload("posix:system", "global").build(str(arena.sentinel))
     (arena.step / M.MODEL_DCP / ".metadata").write_bytes(payload)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_tools.dcp import sources
-from ckpt_tools.dcp.files import is_inside
+from ckpt_tools.dcp.files import Listed, is_inside, listing
 from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format.layout import DCP_INDEX, DCP_METADATA
@@ -205,7 +205,8 @@ class ChunkIndex:
         a named file that is missing, or a symlink out of the directory, counts 0 bytes.
         """
         tb = self.table
-        present = {p.name: p for p in _list_distcp(self.root)}
+        listed = listing(self.root)
+        present = {name: entry for name, entry in listed.items() if name.endswith(".distcp")}
         stored = tb.file >= 0
         per_file_bytes = np.bincount(tb.file[stored], weights=None, minlength=len(tb.files))
         per_file_len = _sum_by(tb.file[stored], tb.length[stored], len(tb.files))
@@ -217,7 +218,7 @@ class ChunkIndex:
             if m:
                 files = per_rank.setdefault(int(m.group(1)), {})
                 if name not in files:
-                    files[name] = _size_inside(self.root, present.get(name))
+                    files[name] = _size_inside(self.root, name, present.get(name))
         for f, name in enumerate(tb.files):
             m = _RANK_FILE_RE.match(name)
             if m:
@@ -238,7 +239,7 @@ class ChunkIndex:
     def unreferenced_files(self) -> list[str]:
         """``.distcp`` files in the directory that ``.metadata`` never mentions."""
         referenced = set(self.referenced_files())
-        return sorted(p.name for p in _list_distcp(self.root) if p.name not in referenced)
+        return sorted(name for name in listing(self.root) if name.endswith(".distcp") and name not in referenced)
 
     # ------------------------------------------------------------------ archives
 
@@ -292,17 +293,16 @@ def forget() -> None:
     _MEMO.clear()
 
 
-def _size_inside(root: Path, path: Path | None) -> int:
-    if path is None or not is_inside(root, path):
+def _size_inside(root: Path, name: str, entry: Listed | None) -> int:
+    """Bytes of a shard file; 0 when missing, or a symlink that leads out of the directory."""
+    if entry is None:
+        return 0
+    if not entry.symlink:
+        return entry.size if entry.regular else 0
+    path = root / name
+    if not is_inside(root, path):
         return 0
     try:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _list_distcp(root: Path) -> list[Path]:
-    try:
-        return sorted(p for p in root.iterdir() if p.name.endswith(".distcp"))
-    except OSError:
-        return []

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_tools.dcp import cache
-from ckpt_tools.dcp.files import is_inside
+from ckpt_tools.dcp.files import is_inside, listing
 from ckpt_tools.dcp.index_file import IndexRefused, metadata_digest, read_index
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata
 from ckpt_tools.dcp.table import ChunkTable
@@ -90,14 +90,15 @@ class Origin:
 
 
 def current_stamps(root: Path, files: list[str]) -> Stamps | None:
-    """[size, mtime_ns] of each file (None when one cannot be stat'ed)."""
+    """[size, mtime_ns] of each file (None when one is not a plain file of ``root``: a symlink, a
+    subdirectory's file, missing - whose archives are then always read)."""
+    listed = listing(root)
     out = []
     for name in files:
-        try:
-            st = os.stat(root / name, follow_symlinks=False)
-        except (OSError, ValueError):
+        entry = listed.get(name)
+        if entry is None or entry.symlink or not entry.regular:
             return None
-        out.append([st.st_size, st.st_mtime_ns])
+        out.append([entry.size, entry.mtime_ns])
     return out
 
 

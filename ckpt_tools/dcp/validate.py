@@ -38,7 +38,7 @@ import numpy as np
 
 from ckpt_tools.dcp import transforms
 from ckpt_tools.dcp.archives import ArchiveChecker
-from ckpt_tools.dcp.files import ShardFiles, is_inside
+from ckpt_tools.dcp.files import ShardFiles, is_inside, listing
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.reader import ChunkLayout, read_pickled_object
 from ckpt_tools.dcp.safe_pickle import protocol2_bytes
@@ -203,11 +203,20 @@ def _file_sizes(index: ChunkIndex) -> tuple[dict[str, int], list[Problem]]:
     """Size of each referenced shard file that is safe and present; a problem for each other one."""
     sizes: dict[str, int] = {}
     out: list[Problem] = []
+    listed = listing(index.root)
     for relative in index.referenced_files():
+        entry = listed.get(relative) if _plain_name(relative) else None
+        if entry is not None and entry.regular and not entry.symlink:  # a file right here: inside by construction
+            sizes[relative] = entry.size
+            continue
         size = _shard_size(index.root, relative, out)
         if size is not None:
             sizes[relative] = size
     return sizes, out
+
+
+def _plain_name(relative: str) -> bool:
+    return relative not in ("", ".", "..") and not any(c in relative for c in "/\\\0")
 
 
 def _shard_size(root: Path, relative: str, out: list[Problem]) -> int | None:

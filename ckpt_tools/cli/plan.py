@@ -160,6 +160,10 @@ def _cells(r: Any, complete: bool) -> list[str]:
     ]
 
 
+GROUPS_SHOWN = 8  # groups of ranks whose file reads are listed; --json has every one
+FILES_SHOWN = 12  # files listed per group
+
+
 def _file_lines(plan: Any) -> list[str]:
     """DCP shard reads per rank (ranks reading the same collapse), then the files every rank reads whole."""
     by_reads: dict[tuple[Any, ...], list[Any]] = {}
@@ -167,20 +171,32 @@ def _file_lines(plan: Any) -> list[str]:
         key = tuple((f.path, f.bytes, f.requests) for f in g.reads if f.how == "dcp-chunks")
         by_reads.setdefault(key, []).append(g)
     lines = []
-    for key, groups in by_reads.items():
+    for shown, (key, groups) in enumerate(by_reads.items()):
+        if shown == GROUPS_SHOWN:
+            rest = list(by_reads)[GROUPS_SHOWN:]
+            files = [len(k) for k in rest]
+            total = [sum(size for _, size, _ in k) for k in rest]
+            lines.append(
+                f"  ... and {len(rest)} more groups of ranks reading other shards: {min(files)}-{max(files)} files,"
+                f" {human_bytes(min(total))}-{human_bytes(max(total))} each (--json lists every one)"
+            )
+            break
         label = f"  {_ranks_label(groups)}:"
         if not key:
             lines.append(f"{label} no DCP shards")
             continue
         lines.append(label)
-        lines.append(
-            table(
-                ["file", "bytes", "requests"],
-                [[path, human_bytes(size), str(n)] for path, size, n in key],
-                right=(1, 2),
-                indent=4,
+        rows = [[path, human_bytes(size), str(n)] for path, size, n in key[:FILES_SHOWN]]
+        if len(key) > FILES_SHOWN:
+            more = key[FILES_SHOWN:]
+            rows.append(
+                [
+                    f"... {len(more)} more files",
+                    human_bytes(sum(size for _, size, _ in more)),
+                    str(sum(n for _, _, n in more)),
+                ]
             )
-        )
+        lines.append(table(["file", "bytes", "requests"], rows, right=(1, 2), indent=4))
     groups = plan.rank_groups
     whole = [f for f in groups[0].reads if f.how == "whole-file"] if groups else []
     if whole:

@@ -152,7 +152,7 @@ class ChunkIndex:
                 _MEMO.move_to_end(key)
                 if isinstance(found, CkptError):  # the same unchanged file: the same refusal, no second parse
                     raise type(found)(str(found))
-                return found
+                return cls(root, found.table, found.origin)  # under the path this caller named
         try:
             table, origin = sources.load_table(root)
         except CkptError as e:

@@ -27,7 +27,7 @@ import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -435,14 +435,16 @@ def _add_dcp_reads(
             start, rows = place.rows(spec, sharded, reps)
             wanted.append(Wanted(t, start, rows))
     totals = count_reads(table, wanted, len(reps), byte_items=True)
-    prefix = index.root.relative_to(source.paths.root)
+    prefix = str(index.root.relative_to(source.paths.root))
     byte_files = [b.file or "" for b in table.byte_items]
+    shown: dict[str, str] = {}  # file name -> its path from the step dir (built once, not once per rank)
     for k in range(len(reps)):
         per_file = totals.of_shard(k, table.files, byte_files)
-        reads[k] += [
-            FileRead(str(prefix / file), nbytes, requests, DCP_CHUNKS, role)
-            for file, (nbytes, requests) in sorted(per_file.items())
-        ]
+        for file, (nbytes, requests) in sorted(per_file.items()):
+            path = shown.get(file)
+            if path is None:
+                path = shown[file] = str(PurePosixPath(prefix) / file) if "/" in file else f"{prefix}/{file}"
+            reads[k].append(FileRead(path, nbytes, requests, DCP_CHUNKS, role))
 
 
 def _whole_file_reads(source: ResumeSource, target: ResumeTarget) -> list[FileRead]:

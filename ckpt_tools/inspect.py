@@ -631,7 +631,8 @@ def _inspect_dcp(
             _values_check(rel, report, lambda: scan_dcp(index, rel))
     unreferenced = index.unreferenced_files()
     if unreferenced:
-        report.checks.append(Check.warn(f"{rel} files", f"not referenced by .metadata: {', '.join(unreferenced)}"))
+        names = ", ".join(unreferenced[:5]) + (f" and {len(unreferenced) - 5} more" if len(unreferenced) > 5 else "")
+        report.checks.append(Check.warn(f"{rel} files", f"not referenced by .metadata: {names}"))
     ranks = tuple(index.ranks())
     if record is not None and record.topology is not None and ranks:
         expected = record.topology.world_size

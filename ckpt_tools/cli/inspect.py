@@ -10,6 +10,7 @@ import typer
 from ckpt_tools.cli.app import app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.errors import ExitCode
+from ckpt_tools.format.layout import TRAINING_STATE_DIR
 from ckpt_tools.units import human_bytes, human_count
 
 INSPECT_HELP = """Show what a checkpoint holds and check its health - reads headers and metadata only
@@ -35,6 +36,7 @@ Examples:
 Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
 """
 NONFINITE_SHOWN = 20  # tensors with NaN or inf listed in the text output
+RANKS_SHOWN = 8  # saving ranks listed per DCP directory in the text output
 
 
 @app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
@@ -88,12 +90,21 @@ def _print_report(report: Any, tensors: bool) -> None:
             echo(f"  batch: {report.batch}")
     for w in report.weights:
         dtypes = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(w.bytes_by_dtype.items(), key=lambda kv: -kv[1]))
+        optimizer = w.path.startswith(TRAINING_STATE_DIR)
+        kind, values = ("optimizer state", "values") if optimizer else ("weights", "parameters")
         echo(
-            f"  weights {w.path} ({w.format}): {w.tensors} tensors, {human_count(w.parameters)} parameters,"
+            f"  {kind} {w.path} ({w.format}): {w.tensors} tensors, {human_count(w.parameters)} {values},"
             f" {human_bytes(w.bytes)}{f' ({dtypes})' if dtypes else ''}"
         )
-        for r in w.ranks:
+        for r in w.ranks[:RANKS_SHOWN]:
             echo(f"    rank {r.rank}: {len(r.files)} file(s), {human_bytes(r.file_bytes)}, {r.chunks} chunks")
+        if len(w.ranks) > RANKS_SHOWN:
+            rest = w.ranks[RANKS_SHOWN:]
+            sizes = [r.file_bytes for r in rest]
+            echo(
+                f"    ... {len(rest)} more ranks: {human_bytes(min(sizes))}-{human_bytes(max(sizes))} each,"
+                f" {sum(r.chunks for r in rest)} chunks (--json lists every one)"
+            )
     for note in report.notes:
         echo(f"  note: {note}")
     if tensors and report.tensors:

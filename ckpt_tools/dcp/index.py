@@ -237,9 +237,20 @@ class ChunkIndex:
         ]
 
     def unreferenced_files(self) -> list[str]:
-        """``.distcp`` files in the directory that ``.metadata`` never mentions."""
+        """``.distcp`` files in the directory that ``.metadata`` never mentions.
+
+        Empty ``__<rank>_<n>.distcp`` files are not counted: torch's writer creates one per
+        writer thread even when the thread gets nothing to write (an HSDP replica, a rank with
+        fewer items than threads).
+        """
         referenced = set(self.referenced_files())
-        return sorted(name for name in listing(self.root) if name.endswith(".distcp") and name not in referenced)
+        return sorted(
+            name
+            for name, entry in listing(self.root).items()
+            if name.endswith(".distcp")
+            and name not in referenced
+            and not (entry.size == 0 and entry.regular and _RANK_FILE_RE.match(name))
+        )
 
     # ------------------------------------------------------------------ archives
 

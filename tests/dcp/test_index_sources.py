@@ -181,3 +181,10 @@ def test_a_damaged_cache_entry_is_dropped(dcp_dir: Path, cache_dir: Path) -> Non
     (entry,) = (cache_dir / "dcp-index").glob("*.index")
     entry.write_bytes(entry.read_bytes()[:-1])
     assert fresh(dcp_dir).origin.source == "metadata"
+
+
+def test_empty_shard_files_of_idle_writer_threads_are_not_unreferenced(dcp_dir: Path) -> None:
+    """torch's writer creates ``__<rank>_<n>.distcp`` for every thread, empty when it got nothing."""
+    (dcp_dir / "__0_3.distcp").touch()
+    (dcp_dir / "__0_4.distcp").write_bytes(b"x")
+    assert fresh(dcp_dir).unreferenced_files() == ["__0_4.distcp"]

@@ -122,8 +122,22 @@ def write_index(path: str | os.PathLike[str], table: ChunkTable, binding: Bindin
         f.write(index_bytes(table, binding))
 
 
-def metadata_digest(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a regular file, streamed: a 400 MB ``.metadata`` is never held in memory."""
+    from ckpt_tools.io.safe_read import open_regular
+
+    fd = open_regular(path)
+    try:
+        digest = hashlib.sha256()
+        offset = 0
+        while True:
+            block = os.pread(fd, 16 << 20, offset)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+            offset += len(block)
+    finally:
+        os.close(fd)
 
 
 # ====================================================================== reading

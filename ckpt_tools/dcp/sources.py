@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ckpt_tools.dcp import cache
 from ckpt_tools.dcp.files import is_inside, listing
-from ckpt_tools.dcp.index_file import IndexRefused, metadata_digest, read_index
+from ckpt_tools.dcp.index_file import IndexRefused, file_digest, read_index
 from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata
 from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import UnsafeCheckpoint
@@ -153,7 +153,7 @@ def _saved_index(root: Path, metadata: Path, size: int) -> tuple[tuple[ChunkTabl
     if binding.metadata_size != size or binding.metadata_sha256 is None:
         return None, f"{what}: describes another .metadata (stale or from another save); read .metadata instead"
     try:
-        digest = metadata_digest(_read_bounded(metadata, MAX_METADATA_BYTES))
+        digest = file_digest(metadata)
     except OSError:
         return None, None  # .metadata itself is reported by its parse
     if digest != binding.metadata_sha256:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ckpt_tools.format import layout
 from devtools.scale import states as st
-from devtools.scale.commands import Command, floors, tool_commands, torch_read
+from devtools.scale.commands import TOOLS, Command, floors, tool_commands, torch_read
 from devtools.scale.measure import Measured, Sample, run_once
 from devtools.scale.shapes import MODELS, LlamaShape
 from devtools.scale.sizes import DISK_MARGIN, chunk_count, disk_needed
@@ -52,6 +52,7 @@ class Options:
     states: tuple[str, ...] = ("foreign",)
     threads: int = 4
     hsdp_shard: int = 8
+    tools_from: Path | None = None  # run ckpt-tools from this checkout (another commit: the "before")
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
 
@@ -199,6 +200,8 @@ def _repeat(command: Command, options: Options, label: str, cache_of: Callable[[
     samples = []
     for i in range(options.repeat):
         env = _env(cache_of(i) if cache_of is not None else None)
+        if options.tools_from is not None and command.key in TOOLS:
+            env["PYTHONPATH"] = os.pathsep.join([str(options.tools_from), env.get("PYTHONPATH", "")])
         sample = run_once(list(command.argv), env=env, timeout=options.timeout)
         samples.append(sample)
         state = "timeout" if sample.timed_out else f"exit {sample.code}"

@@ -31,7 +31,6 @@ from ckpt_tools.dcp import index_file
 from ckpt_tools.dcp.metadata import Kinds, table_of
 from ckpt_tools.dcp.sources import current_stamps
 from ckpt_tools.format import layout
-from ckpt_tools.io.safe_read import read_bytes
 
 
 def _dtype_name(dtype: Any) -> str | None:
@@ -55,12 +54,12 @@ TORCH_KINDS = Kinds(
 
 def write_save_index(directory: Path, metadata: Metadata) -> None:
     """Coordinator, after ``dcp.save`` into ``directory`` returned ``metadata``: write its index."""
-    data = read_bytes(directory / layout.DCP_METADATA, 1 << 40)
-    what = str(directory / layout.DCP_METADATA)
-    table = table_of(metadata, TORCH_KINDS, size=len(data), what=what)
+    path = directory / layout.DCP_METADATA
+    size = path.stat().st_size
+    table = table_of(metadata, TORCH_KINDS, size=size, what=str(path))
     binding = index_file.Binding(
-        metadata_size=len(data),
-        metadata_sha256=index_file.metadata_digest(data),
+        metadata_size=size,
+        metadata_sha256=index_file.file_digest(path),
         stamps=current_stamps(directory, table.files),
     )
     index_file.write_index(directory / layout.DCP_INDEX, table, binding)

@@ -19,6 +19,7 @@ an archive is bad.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 
@@ -32,6 +33,7 @@ from ckpt_tools.st import dtypes
 
 ARCHIVE_SLACK = 1 * 2**20  # what a transformed (zstd) span may expand to beyond its tensor bytes
 SMALL_SPAN = 16 * 2**10  # a span this short is read in one call
+BATCH_ROWS = 2048  # chunks whose header bytes are compared at once (a few MiB of index arrays)
 
 
 @dataclass
@@ -41,6 +43,8 @@ class _Template:
     expected: int  # the template's header bytes, masked
     length: int
     layout: ChunkLayout  # with data_offset relative to the span's start
+    raw: np.ndarray  # the template's header bytes (uint8)
+    checked: np.ndarray  # True where a header byte must equal the template's
 
     def layout_at(self, start: int) -> ChunkLayout:
         return replace(self.layout, data_offset=start + self.layout.data_offset)
@@ -82,7 +86,10 @@ def _template(fd: int, start: int, length: int, shape: ArchiveShape, layout: Chu
         clear(*shape.serialization_id)
     mask = int.from_bytes(masked, "little")
     relative = replace(layout, data_offset=layout.data_offset - start)
-    return _Template(shape, mask, int.from_bytes(raw, "little") & mask, length, relative)
+    checked = np.frombuffer(bytes(masked), dtype=np.uint8) != 0
+    return _Template(
+        shape, mask, int.from_bytes(raw, "little") & mask, length, relative, np.frombuffer(raw, np.uint8), checked
+    )
 
 
 class ArchiveChecker:
@@ -103,9 +110,19 @@ class ArchiveChecker:
         chunk's tail and the next one's head are neighbours: a single ``pread`` serves both.
         """
         tb = self.table
-        tensor_of = tb.tensor_of_row
         order = rows[np.lexsort((tb.start[rows], tb.file[rows]))]
-        pending: _Pending | None = None  # a row whose head was read, whose tail is still to read
+        advised_fds: list[int] = []  # descriptors told they are read at scattered offsets
+        try:
+            self._visit(order, advised_fds)
+        finally:
+            _stream(advised_fds)
+
+    def _visit(self, order: np.ndarray, advised_fds: list[int]) -> None:
+        tb = self.table
+        tensor_of = tb.tensor_of_row
+        batch = _Batch()
+        pending: tuple[int, int, int, int] | None = None  # (row, fd, tail start, end): head read, tail not yet
+        advised = -1  # the file whose descriptor was advised last
         for i, f, start, length, kind, transformed in zip(
             order.tolist(),
             tb.file[order].tolist(),
@@ -117,37 +134,62 @@ class ArchiveChecker:
         ):
             template = self._templates.get(kind, False)
             if not template or transformed or length != template.length:
-                pending = self._finish(pending)
+                pending = self._tail(batch, pending)
+                self._judge(batch)  # earlier rows first: the error raised is the first in file order
                 self.layout(i, int(tensor_of[i]))
                 continue
-            head_end = start + template.shape.data_start
             fd = self.files.fd(tb.files[f])
-            if pending is not None and pending.file == f and pending.end == start:
-                joined = os.pread(fd, head_end - pending.tail_start, pending.tail_start)
-                cut = pending.end - pending.tail_start
-                self._judge(pending, joined[:cut])
-                head = joined[cut:]
+            if f != advised:
+                _headers_only(fd)
+                advised = f
+                advised_fds.append(fd)
+            head = template.shape.data_start
+            if pending is not None and pending[1] == fd and pending[3] == start:
+                tail = start - pending[2]
+                batch.read(fd, pending[2], tail=tail, head=head)
             else:
-                pending = self._finish(pending)
-                head = os.pread(fd, head_end - start, start)
-            pending = _Pending(i, f, fd, head, start + template.shape.data_end, start + length, template)
-        self._finish(pending)
+                pending = self._tail(batch, pending)
+                batch.read(fd, start, head=head)
+            batch.add(i, kind)
+            pending = (i, fd, start + template.shape.data_end, start + length)
+            if batch.full():
+                pending = self._tail(batch, pending)
+                self._judge(batch)
+        self._tail(batch, pending)
+        self._judge(batch)
 
-    def _finish(self, pending: _Pending | None) -> None:
-        """Read the tail of ``pending`` on its own and judge it (None: nothing to do)."""
+    @staticmethod
+    def _tail(batch: _Batch, pending: tuple[int, int, int, int] | None) -> None:
+        """Read the tail of ``pending`` on its own (None: nothing to do)."""
         if pending is not None:
-            self._judge(pending, os.pread(pending.fd, pending.end - pending.tail_start, pending.tail_start))
+            _, fd, tail_start, end = pending
+            batch.read(fd, tail_start, tail=end - tail_start)
         return None
 
-    def _judge(self, row: _Pending, tail: bytes) -> None:
-        """Header bytes equal to the template's (masked): sound; else the full parse decides."""
-        template = row.template
-        raw = row.head + tail
-        if len(raw) == template.shape.data_start + template.length - template.shape.data_end and (
-            int.from_bytes(raw, "little") & template.mask == template.expected
-        ):
+    def _judge(self, batch: _Batch) -> None:
+        """Header bytes equal to their template's (masked), all of a kind at once: sound; else the full parse decides."""
+        if not batch.rows:
             return
-        self.parse(row.row, int(self.table.tensor_of_row[row.row]))
+        buffer = np.frombuffer(b"".join(batch.pieces), dtype=np.uint8)
+        rows = np.asarray(batch.rows, dtype=np.int64)
+        kinds = np.asarray(batch.kinds, dtype=np.int64)
+        suspect = np.zeros(rows.size, dtype=bool)
+        heads = np.asarray(batch.head_at, dtype=np.int64)
+        tails = np.asarray(batch.tail_at, dtype=np.int64)
+        for kind in np.unique(kinds).tolist():
+            template = self._templates[kind]
+            assert template is not None
+            members = np.flatnonzero(kinds == kind)
+            head, tail = template.shape.data_start, template.length - template.shape.data_end
+            where = np.concatenate(
+                (heads[members, None] + np.arange(head), tails[members, None] + np.arange(tail)), axis=1
+            )
+            bad = ((buffer[np.clip(where, 0, max(buffer.size - 1, 0))] != template.raw) & template.checked).any(axis=1)
+            suspect[members] = bad | (heads[members] < 0) | (tails[members] < 0)
+        for k in np.flatnonzero(suspect).tolist():  # in file order: the first bad one raises
+            i = int(rows[k])
+            self.parse(i, int(self.table.tensor_of_row[i]))
+        batch.clear()
 
     def layout(self, i: int, t: int) -> ChunkLayout:
         """Row ``i``'s (of tensor ``t``) archive layout, checked against ``.metadata``."""
@@ -187,15 +229,45 @@ class ArchiveChecker:
         return layout, shape
 
 
-@dataclass(frozen=True)
-class _Pending:
-    row: int
-    file: int
-    fd: int
-    head: bytes
-    tail_start: int  # absolute offsets in the file
-    end: int
-    template: _Template
+class _Batch:
+    """Header bytes read for up to :data:`BATCH_ROWS` chunks, judged together against their templates.
+
+    The reads go into ``pieces`` back to back; ``head_at`` / ``tail_at`` say where each row's
+    head and tail start in their concatenation (-1: a short read, the row is parsed in full).
+    A row's tail is always read after its head and before the next row is added.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.rows: list[int] = []
+        self.kinds: list[int] = []
+        self.head_at: list[int] = []
+        self.tail_at: list[int] = []
+        self._size = 0
+        self._head = -1  # where the head read last (for the row added next) starts
+
+    def read(self, fd: int, offset: int, *, tail: int = 0, head: int = 0) -> None:
+        """One ``pread``: the last added row's ``tail`` bytes, then the next row's ``head`` bytes."""
+        piece = os.pread(fd, tail + head, offset)
+        whole = len(piece) == tail + head
+        if tail:
+            self.tail_at[-1] = self._size if whole else -1
+        if head:
+            self._head = self._size + tail if whole else -1
+        self.pieces.append(piece)
+        self._size += len(piece)
+
+    def add(self, row: int, kind: int) -> None:
+        self.rows.append(row)
+        self.kinds.append(kind)
+        self.head_at.append(self._head)
+        self.tail_at.append(-1)
+
+    def full(self) -> bool:
+        return len(self.rows) >= BATCH_ROWS
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -204,6 +276,29 @@ class _Stored:
     offset: int
     length: int
     transforms: tuple[str, ...]
+
+
+def _headers_only(fd: int) -> None:
+    """Tell the kernel that ``fd`` is read at scattered offsets, until :func:`_stream` says otherwise.
+
+    Each header read is a few hundred bytes between megabytes of tensor data. With the default
+    readahead, every such read on a cold file pulls in the next 128 KiB or more - tensor data
+    never looked at, the whole checkpoint over a million chunks - where only the header's own
+    page is needed.
+    """
+    _advise(fd, "POSIX_FADV_RANDOM")
+
+
+def _stream(fds: list[int]) -> None:
+    """Readahead back on: the same descriptors may stream the tensor data next (convert-dcp)."""
+    for fd in fds:
+        _advise(fd, "POSIX_FADV_NORMAL")
+
+
+def _advise(fd: int, advice: str) -> None:
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):  # advice only: a file system that takes none reads as before
+            os.posix_fadvise(fd, 0, 0, getattr(os, advice))
 
 
 def _kinds(table: ChunkTable) -> np.ndarray:

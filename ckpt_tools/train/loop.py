@@ -223,7 +223,7 @@ def train_steps(state: TrainingState, manager: CheckpointManager, dataset: Robot
                 staging = manager.before_update()  # a background save's copy is taken before the update
                 if staging is not None:
                     report.staging(staging)
-                grad_norm, skipped = optimizer_step(state, params, guard)
+                grad_norm, skipped = optimizer_step(state, params, guard, stop)
                 if skipped is None:
                     window.grad_norm = grad_norm
                 else:  # every rank: the reason was agreed
@@ -288,7 +288,7 @@ def micro_step(
 
 
 def optimizer_step(
-    state: TrainingState, params: list[torch.nn.Parameter], guard: NonFiniteGuard
+    state: TrainingState, params: list[torch.nn.Parameter], guard: NonFiniteGuard, stop: StopRequest | None = None
 ) -> tuple[float, str | None]:
     """Unscale, clip, step, zero: the end of an accumulation window.
 
@@ -301,7 +301,7 @@ def optimizer_step(
     if state.scaler is not None:
         state.scaler.unscale_(state.optimizer)
     grad_norm = clip_grad_norm(params, state.cfg.optimizer.grad_clip_norm, parallel)
-    skipped = guard.agree(grad_norm if state.scaler is None else None)
+    skipped = guard.agree(grad_norm if state.scaler is None else None, stop)
     if skipped is not None:
         if state.scaler is not None:
             state.scaler.update()  # closes the unscale_ above; an overflow lowers the scale, as on a skip of its own

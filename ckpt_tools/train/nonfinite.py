@@ -3,7 +3,8 @@
 A NaN or infinite loss (or, without a loss scaler, gradient norm) poisons the weights and the
 optimizer state at the next update, and every step and checkpoint after it. So the loop
 checks each micro-step's loss and, before each optimizer update, the ranks agree (a
-two-element max all-reduce) whether any of them saw one: each rank's loss is its own, and a
+max all-reduce of two flags, and a third for a SIGTERM: :mod:`~ckpt_tools.train.stopping`)
+whether any of them saw one: each rank's loss is its own, and a
 rank that skipped or stopped alone would leave the others waiting in a collective forever.
 
 ``--max_nonfinite_steps=N`` lets a run skip N such updates (each one logged, the weights and
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from ckpt_tools.errors import NonFiniteError
 from ckpt_tools.train.parallel.distributed import DistEnv
+from ckpt_tools.train.stopping import StopRequest
 
 
 @dataclass
@@ -38,17 +40,22 @@ class NonFiniteGuard:
         if not math.isfinite(loss) and self._bad_loss is None:
             self._bad_loss = loss
 
-    def agree(self, grad_norm: float | None) -> str | None:
+    def agree(self, grad_norm: float | None, stop: StopRequest | None = None) -> str | None:
         """Collective, once per accumulation window before its update: why every rank skips it, or None.
 
         ``grad_norm`` is the window's global gradient norm, or None when a loss scaler judges it.
+        ``stop``: the run's SIGTERM request, agreed in the same all-reduce (one collective a step
+        instead of two; the loop's own check at the end of the step then needs none).
         """
         bad_loss = self._bad_loss is not None
         bad_grad = grad_norm is not None and not math.isfinite(grad_norm)
         if self.env.distributed:
-            flags = torch.tensor([int(bad_loss), int(bad_grad)], device=self.env.device)
+            requested = stop is not None and stop.requested
+            flags = torch.tensor([int(bad_loss), int(bad_grad), int(requested)], device=self.env.device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             bad_loss, bad_grad = bool(flags[0].item()), bool(flags[1].item())
+            if stop is not None:
+                stop.settle(bool(flags[2].item()))
         mine, self._bad_loss = self._bad_loss, None
         if bad_loss:
             return f"the loss is {mine}" if mine is not None else "the loss is not finite on another rank"

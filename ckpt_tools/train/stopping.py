@@ -2,8 +2,8 @@
 
 A scheduler's preemption or ``kill`` reaches the ranks at slightly different moments; if each
 stopped on its own, some would wait forever in a collective the others never enter. So the
-handler only raises a flag, and after every step the ranks agree (a one-element max
-all-reduce) whether any of them saw it. The loop then leaves together, an in-flight
+handler only raises a flag, and in every step the ranks agree (a max all-reduce, the one
+that agrees on non-finite values when the step updates the weights) whether any of them saw it. The loop then leaves together, an in-flight
 background save is completed (never left half-visible), and the run exits with 143.
 """
 
@@ -35,7 +35,8 @@ def sigterm_seen() -> bool:
 class StopRequest:
     def __init__(self) -> None:
         self.requested = False  # this rank got SIGTERM (set by the handler only)
-        self.stopping = False  # every rank agreed to stop (set by ``agreed`` only)
+        self.stopping = False  # every rank agreed to stop (set by ``agreed`` or ``settle`` only)
+        self._settled = False  # this step's agreement was already reached in another collective
         self._previous: Any = None
 
     @classmethod
@@ -53,6 +54,16 @@ class StopRequest:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
 
+    def settle(self, agreed: bool) -> None:
+        """This step's agreement, reached in another all-reduce of this step (the non-finite check's).
+
+        Every rank calls it in the same step, so the next :meth:`agreed` returns it without a
+        collective of its own. A SIGTERM that lands after it is left in ``requested`` for the
+        next step, as one that lands during :meth:`agreed`'s all-reduce is.
+        """
+        self.stopping = agreed
+        self._settled = True
+
     def agreed(self, env: DistEnv) -> bool:
         """Collective: True on every rank, at the same step, once any rank got SIGTERM.
 
@@ -62,6 +73,9 @@ class StopRequest:
         """
         if not env.distributed:
             self.stopping = self.requested
+            return self.stopping
+        if self._settled:
+            self._settled = False
             return self.stopping
         flag = torch.tensor([int(self.requested)], device=env.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -321,10 +321,13 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, parallel: Pa
 
     For a DTensor gradient the local shard's squared sum is summed over the shard group
     only (replicated mesh dims already hold the same values); plain gradients are whole.
-    Each tensor's norm is taken in its own dtype by torch's fused ``_foreach_norm`` (what
-    ``torch.nn.utils.clip_grad_norm_`` does); only the few per-tensor results are squared and
-    summed in float64, so the total does not depend on the order the tensors come in, at a
-    fraction of the cost of upcasting every gradient.
+    Each tensor's norm is accumulated in float64 inside torch's fused ``_foreach_norm`` (no
+    float64 copy of any gradient, the cost of upcasting them all halved). float64 is what makes
+    layouts agree: the squares of float32 values sum almost exactly in it, so a whole tensor
+    (DDP) and its shards (FSDP) give the same norm to within float64 rounding, and the clip
+    coefficient, applied in float32, comes out bit-identical; per-tensor norms in float32 (what
+    ``torch.nn.utils.clip_grad_norm_`` takes) differ between layouts in the 8th digit, and so do
+    the runs from the first clipped step on.
     """
     from torch.distributed.tensor import DTensor, Shard
 
@@ -337,7 +340,7 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, parallel: Pa
         [isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements) for g in grads],
         device=device,
     )
-    squares = torch.stack([n.to(torch.float64) for n in torch._foreach_norm(local, 2.0)]).square()
+    squares = torch.stack(torch._foreach_norm(local, 2.0, dtype=torch.float64)).square()
     sharded_sq = torch.where(sharded, squares, 0.0).sum()
     plain_sq = torch.where(sharded, 0.0, squares).sum()
     if parallel.sharded and parallel.mesh is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,6 @@ from ckpt_tools.st import dtypes
 
 ARCHIVE_SLACK = 1 * 2**20  # what a transformed (zstd) span may expand to beyond its tensor bytes
 SMALL_SPAN = 16 * 2**10  # a span this short is read in one call
-BATCH_ROWS = 2048  # chunks whose header bytes are compared at once (a few MiB of index arrays)
 
 
 @dataclass
@@ -43,8 +43,6 @@ class _Template:
     expected: int  # the template's header bytes, masked
     length: int
     layout: ChunkLayout  # with data_offset relative to the span's start
-    raw: np.ndarray  # the template's header bytes (uint8)
-    checked: np.ndarray  # True where a header byte must equal the template's
 
     def layout_at(self, start: int) -> ChunkLayout:
         return replace(self.layout, data_offset=start + self.layout.data_offset)
@@ -86,10 +84,7 @@ def _template(fd: int, start: int, length: int, shape: ArchiveShape, layout: Chu
         clear(*shape.serialization_id)
     mask = int.from_bytes(masked, "little")
     relative = replace(layout, data_offset=layout.data_offset - start)
-    checked = np.frombuffer(bytes(masked), dtype=np.uint8) != 0
-    return _Template(
-        shape, mask, int.from_bytes(raw, "little") & mask, length, relative, np.frombuffer(raw, np.uint8), checked
-    )
+    return _Template(shape, mask, int.from_bytes(raw, "little") & mask, length, relative)
 
 
 class ArchiveChecker:
@@ -120,8 +115,7 @@ class ArchiveChecker:
     def _visit(self, order: np.ndarray, advised_fds: list[int]) -> None:
         tb = self.table
         tensor_of = tb.tensor_of_row
-        batch = _Batch()
-        pending: tuple[int, int, int, int] | None = None  # (row, fd, tail start, end): head read, tail not yet
+        pending: _Pending | None = None  # a row whose head was read, whose tail is still to read
         advised = -1  # the file whose descriptor was advised last
         for i, f, start, length, kind, transformed in zip(
             order.tolist(),
@@ -134,62 +128,41 @@ class ArchiveChecker:
         ):
             template = self._templates.get(kind, False)
             if not template or transformed or length != template.length:
-                pending = self._tail(batch, pending)
-                self._judge(batch)  # earlier rows first: the error raised is the first in file order
+                pending = self._finish(pending)
                 self.layout(i, int(tensor_of[i]))
                 continue
+            head_end = start + template.shape.data_start
             fd = self.files.fd(tb.files[f])
             if f != advised:
                 _headers_only(fd)
                 advised = f
                 advised_fds.append(fd)
-            head = template.shape.data_start
-            if pending is not None and pending[1] == fd and pending[3] == start:
-                tail = start - pending[2]
-                batch.read(fd, pending[2], tail=tail, head=head)
+            if pending is not None and pending.file == f and pending.end == start:
+                joined = os.pread(fd, head_end - pending.tail_start, pending.tail_start)
+                cut = pending.end - pending.tail_start
+                self._judge(pending, joined[:cut])
+                head = joined[cut:]
             else:
-                pending = self._tail(batch, pending)
-                batch.read(fd, start, head=head)
-            batch.add(i, kind)
-            pending = (i, fd, start + template.shape.data_end, start + length)
-            if batch.full():
-                pending = self._tail(batch, pending)
-                self._judge(batch)
-        self._tail(batch, pending)
-        self._judge(batch)
+                pending = self._finish(pending)
+                head = os.pread(fd, head_end - start, start)
+            pending = _Pending(i, f, fd, head, start + template.shape.data_end, start + length, template)
+        self._finish(pending)
 
-    @staticmethod
-    def _tail(batch: _Batch, pending: tuple[int, int, int, int] | None) -> None:
-        """Read the tail of ``pending`` on its own (None: nothing to do)."""
+    def _finish(self, pending: _Pending | None) -> None:
+        """Read the tail of ``pending`` on its own and judge it (None: nothing to do)."""
         if pending is not None:
-            _, fd, tail_start, end = pending
-            batch.read(fd, tail_start, tail=end - tail_start)
+            self._judge(pending, os.pread(pending.fd, pending.end - pending.tail_start, pending.tail_start))
         return None
 
-    def _judge(self, batch: _Batch) -> None:
-        """Header bytes equal to their template's (masked), all of a kind at once: sound; else the full parse decides."""
-        if not batch.rows:
+    def _judge(self, row: _Pending, tail: bytes) -> None:
+        """Header bytes equal to the template's (masked): sound; else the full parse decides."""
+        template = row.template
+        raw = row.head + tail
+        if len(raw) == template.shape.data_start + template.length - template.shape.data_end and (
+            int.from_bytes(raw, "little") & template.mask == template.expected
+        ):
             return
-        buffer = np.frombuffer(b"".join(batch.pieces), dtype=np.uint8)
-        rows = np.asarray(batch.rows, dtype=np.int64)
-        kinds = np.asarray(batch.kinds, dtype=np.int64)
-        suspect = np.zeros(rows.size, dtype=bool)
-        heads = np.asarray(batch.head_at, dtype=np.int64)
-        tails = np.asarray(batch.tail_at, dtype=np.int64)
-        for kind in np.unique(kinds).tolist():
-            template = self._templates[kind]
-            assert template is not None
-            members = np.flatnonzero(kinds == kind)
-            head, tail = template.shape.data_start, template.length - template.shape.data_end
-            where = np.concatenate(
-                (heads[members, None] + np.arange(head), tails[members, None] + np.arange(tail)), axis=1
-            )
-            bad = ((buffer[np.clip(where, 0, max(buffer.size - 1, 0))] != template.raw) & template.checked).any(axis=1)
-            suspect[members] = bad | (heads[members] < 0) | (tails[members] < 0)
-        for k in np.flatnonzero(suspect).tolist():  # in file order: the first bad one raises
-            i = int(rows[k])
-            self.parse(i, int(self.table.tensor_of_row[i]))
-        batch.clear()
+        self.parse(row.row, int(self.table.tensor_of_row[row.row]))
 
     def layout(self, i: int, t: int) -> ChunkLayout:
         """Row ``i``'s (of tensor ``t``) archive layout, checked against ``.metadata``."""
@@ -229,45 +202,16 @@ class ArchiveChecker:
         return layout, shape
 
 
-class _Batch:
-    """Header bytes read for up to :data:`BATCH_ROWS` chunks, judged together against their templates.
+class _Pending(NamedTuple):
+    """A chunk whose head was read and whose tail is still to read (a tuple: one is made per chunk)."""
 
-    The reads go into ``pieces`` back to back; ``head_at`` / ``tail_at`` say where each row's
-    head and tail start in their concatenation (-1: a short read, the row is parsed in full).
-    A row's tail is always read after its head and before the next row is added.
-    """
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.rows: list[int] = []
-        self.kinds: list[int] = []
-        self.head_at: list[int] = []
-        self.tail_at: list[int] = []
-        self._size = 0
-        self._head = -1  # where the head read last (for the row added next) starts
-
-    def read(self, fd: int, offset: int, *, tail: int = 0, head: int = 0) -> None:
-        """One ``pread``: the last added row's ``tail`` bytes, then the next row's ``head`` bytes."""
-        piece = os.pread(fd, tail + head, offset)
-        whole = len(piece) == tail + head
-        if tail:
-            self.tail_at[-1] = self._size if whole else -1
-        if head:
-            self._head = self._size + tail if whole else -1
-        self.pieces.append(piece)
-        self._size += len(piece)
-
-    def add(self, row: int, kind: int) -> None:
-        self.rows.append(row)
-        self.kinds.append(kind)
-        self.head_at.append(self._head)
-        self.tail_at.append(-1)
-
-    def full(self) -> bool:
-        return len(self.rows) >= BATCH_ROWS
-
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
+    row: int
+    file: int
+    fd: int
+    head: bytes
+    tail_start: int  # absolute offsets in the file
+    end: int
+    template: _Template
 
 
 @dataclass(frozen=True)

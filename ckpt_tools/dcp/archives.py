@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
@@ -113,10 +112,30 @@ class ArchiveChecker:
             _stream(advised_fds)
 
     def _visit(self, order: np.ndarray, advised_fds: list[int]) -> None:
+        """The loop of :meth:`check_rows`, a few microseconds a chunk: 2.2 million at 70B × 1024.
+
+        Per chunk only a ``pread`` and one masked comparison as a big integer; what the
+        comparison needs of a kind's template is kept in a tuple (attribute lookups, method
+        calls and objects per chunk cost as much as the read).
+        """
         tb = self.table
         tensor_of = tb.tensor_of_row
-        pending: _Pending | None = None  # a row whose head was read, whose tail is still to read
-        advised = -1  # the file whose descriptor was advised last
+        names, files, templates = tb.files, self.files, self._templates
+        pread, from_bytes = os.pread, int.from_bytes
+        fast: dict[
+            int, tuple[int, int, int, int, int, int]
+        ] = {}  # kind -> (length, head, tail at, size, mask, expected)
+        pending: tuple[int, int, int, bytes, int, int, int, int, int] | None = None
+        # (row, file, fd, head bytes, tail start, end, header size, mask, expected): head read, tail not yet
+        current, fd = -1, -1  # the file being read and its descriptor
+
+        def finish() -> None:
+            """Read the pending chunk's tail on its own and judge it."""
+            row, _, pfd, head, tail_start, end, size, mask, expected = pending  # type: ignore[misc]
+            raw = head + pread(pfd, end - tail_start, tail_start)
+            if len(raw) != size or from_bytes(raw, "little") & mask != expected:
+                self.parse(row, int(tensor_of[row]))
+
         for i, f, start, length, kind, transformed in zip(
             order.tolist(),
             tb.file[order].tolist(),
@@ -126,43 +145,46 @@ class ArchiveChecker:
             tb.transform[order].tolist(),
             strict=True,
         ):
-            template = self._templates.get(kind, False)
-            if not template or transformed or length != template.length:
-                pending = self._finish(pending)
-                self.layout(i, int(tensor_of[i]))
+            spec = fast.get(kind)
+            if spec is None or transformed or length != spec[0]:
+                if pending is not None:
+                    finish()
+                    pending = None
+                self.layout(i, int(tensor_of[i]))  # parses it, and makes the kind's template if it has none
+                template = templates.get(kind)
+                if spec is None and template:
+                    shape = template.shape
+                    size = shape.data_start + template.length - shape.data_end
+                    fast[kind] = (
+                        template.length,
+                        shape.data_start,
+                        shape.data_end,
+                        size,
+                        template.mask,
+                        template.expected,
+                    )
                 continue
-            head_end = start + template.shape.data_start
-            fd = self.files.fd(tb.files[f])
-            if f != advised:
+            if f != current:
+                fd = files.fd(names[f])
                 _headers_only(fd)
-                advised = f
                 advised_fds.append(fd)
-            if pending is not None and pending.file == f and pending.end == start:
-                joined = os.pread(fd, head_end - pending.tail_start, pending.tail_start)
-                cut = pending.end - pending.tail_start
-                self._judge(pending, joined[:cut])
+                current = f
+            _, head_len, tail_at, size, mask, expected = spec
+            if pending is not None and pending[1] == f and pending[5] == start:
+                tail_start = pending[4]
+                joined = pread(fd, start + head_len - tail_start, tail_start)
+                cut = start - tail_start
+                raw = pending[3] + joined[:cut]
+                if len(raw) != pending[6] or from_bytes(raw, "little") & pending[7] != pending[8]:
+                    self.parse(pending[0], int(tensor_of[pending[0]]))
                 head = joined[cut:]
             else:
-                pending = self._finish(pending)
-                head = os.pread(fd, head_end - start, start)
-            pending = _Pending(i, f, fd, head, start + template.shape.data_end, start + length, template)
-        self._finish(pending)
-
-    def _finish(self, pending: _Pending | None) -> None:
-        """Read the tail of ``pending`` on its own and judge it (None: nothing to do)."""
+                if pending is not None:
+                    finish()
+                head = pread(fd, head_len, start)
+            pending = (i, f, fd, head, start + tail_at, start + length, size, mask, expected)
         if pending is not None:
-            self._judge(pending, os.pread(pending.fd, pending.end - pending.tail_start, pending.tail_start))
-        return None
-
-    def _judge(self, row: _Pending, tail: bytes) -> None:
-        """Header bytes equal to the template's (masked): sound; else the full parse decides."""
-        template = row.template
-        raw = row.head + tail
-        if len(raw) == template.shape.data_start + template.length - template.shape.data_end and (
-            int.from_bytes(raw, "little") & template.mask == template.expected
-        ):
-            return
-        self.parse(row.row, int(self.table.tensor_of_row[row.row]))
+            finish()
 
     def layout(self, i: int, t: int) -> ChunkLayout:
         """Row ``i``'s (of tensor ``t``) archive layout, checked against ``.metadata``."""
@@ -200,18 +222,6 @@ class ArchiveChecker:
                 f"{what}: holds {layout.dtype.name}{list(layout.size)}, .metadata says {tb.dtypes[t]}{list(sizes)}"
             )
         return layout, shape
-
-
-class _Pending(NamedTuple):
-    """A chunk whose head was read and whose tail is still to read (a tuple: one is made per chunk)."""
-
-    row: int
-    file: int
-    fd: int
-    head: bytes
-    tail_start: int  # absolute offsets in the file
-    end: int
-    template: _Template
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import IO, Protocol
 
 from ckpt_tools.dcp import transforms
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.io.safe_read import open_regular
 
 UNBOUNDED = 2**62
 
@@ -77,7 +78,7 @@ class ShardFiles:
         if fd is None:
             path = self.root / relative
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+                fd = open_regular(path, follow_symlinks=False)  # a FIFO swapped in must not block the read
             except OSError as e:
                 raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
             self._fds[relative] = fd

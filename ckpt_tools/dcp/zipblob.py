@@ -151,6 +151,8 @@ def read_directory(span: SpanReader) -> ZipDirectory:
             extra = central[pos + 46 + nlen : pos + 46 + nlen + elen]
             usize, csize, lho = _apply_zip64(extra, usize, csize, lho, what)
         pos += 46 + nlen + elen + clen
+        if lho + 30 > cd_offset:  # every local header lies before the central directory
+            raise CorruptCheckpoint(f"{what}: zip member {name} has its local header outside the archive's data")
         if method != 0 or csize != usize:
             raise CorruptCheckpoint(f"{what}: zip member {name} is compressed (torch.save never compresses)")
         short = name.split("/", 1)[1] if "/" in name else name

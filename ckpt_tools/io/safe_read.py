@@ -36,13 +36,14 @@ class InvalidJson(ValueError):
     """Text that is not a JSON document ``json`` can decode safely (syntax, nesting, huge numbers)."""
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor on ``path``, which must be a regular file (symlinks followed).
+def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> int:
+    """A read-only descriptor on ``path``, which must be a regular file (symlinks followed unless told not to).
 
     ``O_NONBLOCK`` makes opening a FIFO return at once, so the type check can refuse it; on a
     regular file the flag changes nothing.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    nofollow = 0 if follow_symlinks else getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | nofollow | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.format import layout
 from devtools.reliability import fuzz_payloads as P
 
 MODEL_DCP = "pretrained_model/pytorch_model_fsdp_0"
@@ -215,8 +216,8 @@ def truncate(arena: Arena, rng: random.Random) -> Mutation:
     at = min(at, max(0, size - 1))
     os.truncate(path, at)
     must: frozenset[str] = frozenset()
-    if rel.startswith(MODEL_DCP) and (rel.endswith(".metadata") or at < size):
-        must = ANY_MODEL_CONVERT
+    if rel.startswith(MODEL_DCP) and (rel.endswith(".metadata") or at < size) and not rel.endswith(layout.DCP_INDEX):
+        must = ANY_MODEL_CONVERT  # (the chunk index is a shortcut: a damaged one is bypassed, see damaged_index)
     if _needed_for_resume(arena, rel):
         must = must | {VERIFY}
     if _published(rel) and at < size and (rel.endswith(".safetensors") or not _parses(path)):

@@ -23,6 +23,7 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.record import read_training_step
 from ckpt_tools.format.train_config import CONFIG_GROUPS, CONFIG_SCALARS, OPTIONAL_GROUPS, read_saved_config
 from ckpt_tools.inspect import inspect_path
+from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.verify import verify_resume
 from ckpt_tools.st.header import read_header
 from devtools.reliability import fuzz_mutations as M
@@ -102,6 +103,7 @@ SPECIAL_FILE_CASES = [
     ("training_state/scheduler_state.json", True, True),  # every resumable checkpoint holds it; always read
     ("pretrained_model/policy_preprocessor_step_0_normalizer_processor.safetensors", False, False),
     ("training_state/optimizer_0/.metadata", True, True),
+    ("training_state/optimizer_0/__0_0.distcp", True, True),  # the optimizer's step counters are read from it
 ]
 
 
@@ -124,6 +126,7 @@ def test_special_files_are_refused_without_blocking_or_reading_forever(
         for name, fn in (
             ("inspect", lambda: inspect_path(fsdp).healthy),
             ("verify", lambda: verify_resume(fsdp).resumable),
+            ("plan", lambda: plan_reshard(fsdp).workable),
         ):
             try:
                 out[name] = str(fn())
@@ -135,6 +138,7 @@ def test_special_files_are_refused_without_blocking_or_reading_forever(
     assert result["status"] == "done", result  # no hang, no crash, no memory blow-up
     assert not unhealthy or result["value"]["inspect"] != "True", result
     assert not unresumable or result["value"]["verify"] != "True", result
+    assert not unresumable or result["value"]["plan"] != "True", result
 
 
 # ---------------------------------------------------------------- amplification bombs
@@ -302,3 +306,40 @@ def test_verify_refuses_scheduler_state_that_is_not_an_object(ddp: Path, value: 
 def test_fifo_check_leaves_regular_files_alone(fsdp: Path) -> None:
     assert stat.S_ISREG(os.stat(fsdp / "training_state/training_step.json").st_mode)
     assert verify_resume(fsdp).resumable
+
+
+# ---------------------------------------------------------------- chunk archives
+
+
+def test_a_zip_member_whose_local_header_lies_past_the_archive_is_corrupt(fsdp: Path) -> None:
+    """A central-directory entry pointing past its archive: named as corrupt, not an IndexError.
+
+    Only the members a chunk's layout needs are opened; the others' header offsets were still
+    used to mask their CRC fields in the archive template (the fuzz found it with 0x7fffffff).
+    """
+    shard = fsdp / "training_state/optimizer_0/__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    name = b"/.storage_alignment"
+    central = data.find(b"PK\x01\x02")
+    while central >= 0 and data[central + 46 : central + 46 + 200].split(b"PK")[0].find(name) < 0:
+        central = data.find(b"PK\x01\x02", central + 4)
+    assert central >= 0, "the first chunk's archive lists .storage_alignment"
+    data[central + 42 : central + 46] = (0x7FFFFFFF).to_bytes(4, "little")  # its local header offset
+    shard.write_bytes(bytes(data))
+
+    def readers() -> dict[str, str]:
+        out = {}
+        for label, fn in (
+            ("inspect", lambda: inspect_path(fsdp).healthy),
+            ("verify", lambda: verify_resume(fsdp).resumable),
+            ("plan", lambda: plan_reshard(fsdp).workable),
+        ):
+            try:
+                out[label] = str(fn())
+            except CkptError as e:
+                out[label] = type(e).__name__
+        return out
+
+    result = fenced(readers, timeout=60, memory_cap=512 * 2**20)
+    assert result["status"] == "done", result  # a traceback in the fenced child is status "error"
+    assert result["value"] == {"inspect": "False", "verify": "False", "plan": "False"}, result

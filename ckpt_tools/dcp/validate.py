@@ -41,9 +41,22 @@ from ckpt_tools.dcp.archives import ArchiveChecker
 from ckpt_tools.dcp.files import ShardFiles, is_inside, listing
 from ckpt_tools.dcp.index import ChunkIndex, TensorEntry
 from ckpt_tools.dcp.reader import ChunkLayout, read_pickled_object
-from ckpt_tools.dcp.safe_pickle import protocol2_bytes
+from ckpt_tools.dcp.safe_pickle import TupleStateRecord, protocol2_bytes
 from ckpt_tools.dcp.table import MAX_NUMEL, ChunkTable
 from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, UnsafeCheckpoint
+
+
+class BytesIOState(TupleStateRecord):
+    """What an ``io.BytesIO`` pickles as - ``BytesIO()``, then its state ``(value, position, __dict__)`` -
+    kept as that data, never an open stream.
+
+    Some fp8 and kernel libraries keep a module's extra state (``get_extra_state``) in a
+    ``BytesIO``, and torch's state dicts, so DCP, save it as a non-tensor item. Reading the
+    state runs no code: refusing it called normal checkpoints unhealthy.
+    """
+
+    FIELDS = ("value", "position", "dict")
+
 
 # What a non-tensor item (optimizer hyper-parameters, say) may be built from: plain data only.
 # An OrderedDict pickles as OrderedDict() then SETITEMS: the builtin dict, fresh for each call.
@@ -52,6 +65,7 @@ from ckpt_tools.errors import CheckpointError, CkptError, CorruptCheckpoint, Uns
 PLAIN_OBJECTS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): dict,
     ("_codecs", "encode"): protocol2_bytes,
+    ("_io", "BytesIO"): BytesIOState,
 }
 OBJECT_LIMIT = 2 * 2**20  # a non-tensor item's archive (its data.pkl is refused above 1 MiB)
 LISTED = 100  # problems of one kind described one by one; the rest are counted

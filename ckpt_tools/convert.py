@@ -43,6 +43,7 @@ from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest, peft_keys
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
@@ -272,6 +273,9 @@ def convert_dcp(
                     "not enough memory to assemble the largest tensor (non-row-sharded tensors are built in memory"
                     " one at a time); nothing was written"
                 ) from None
+            if source.step is not None:  # files written into the step are the step's from now on
+                inside = [p for p in written if p.resolve().is_relative_to(source.step.root.resolve())]
+                save_files.amend(source.step, inside)
     result = ConvertResult(
         plan,
         tuple(written),

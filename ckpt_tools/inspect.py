@@ -43,7 +43,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import unresumable_reason
+from ckpt_tools.format.rules import save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
@@ -252,6 +252,7 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
     variant = manifest.Variant.at(paths, record, peft) if record is not None else None
     report.checks.extend(_expected_files(paths, variant, part.get(only) if only else None))
     _leftovers(paths.root, [paths.root, pm, paths.training_state], report)
+    _save_files(paths, report, part.get(only) if only else None)
     for f in _weight_files(pm):
         _inspect_safetensors(f, _rel(paths.root, f), report, tensors and not paths.model_dcp.is_dir())
     if paths.model_dcp.is_dir():
@@ -263,6 +264,25 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
             _header_check(f, _rel(paths.root, f), report)
     for f in sorted(pm.glob(f"{L.PREPROCESSOR}*.safetensors")) + sorted(pm.glob(f"{L.POSTPROCESSOR}*.safetensors")):
         _header_check(f, _rel(paths.root, f), report)
+
+
+def _save_files(paths: L.StepPaths, report: InspectReport, part: str | None) -> None:
+    """Are the step's files the ones its save wrote (the rule the resume refuses by)? ``part``: only those under it."""
+    try:
+        saved = save_files.read(paths)
+    except CheckpointError as e:
+        report.checks.append(Check.fail("save files", str(e)))
+        return
+    if saved is None:
+        report.notes.append(save_files.describe(None))
+        return
+    found = [f for f in save_files.problems(paths, saved) if part is None or f.startswith(part + "/")]
+    if found:
+        report.checks.append(Check.fail("save files", save_files.summary(paths, found)))
+        return
+    edited = save_files.edits(paths, saved)
+    note = f"; edited since the save: {', '.join(edited)}" if edited else ""
+    report.checks.append(Check.ok("save files", save_files.describe(saved) + note))
 
 
 def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:

@@ -58,6 +58,7 @@ RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
 TRAINING_STEP = "training_step.json"
+SAVE_FILES = "save_files.json"  # the files one save wrote (ckpt_tools.format.rules.save_files)
 
 # Inside a DCP directory
 DCP_METADATA = ".metadata"
@@ -201,6 +202,10 @@ class StepPaths:
     @property
     def rng_state(self) -> Path:
         return self.training_state / RNG_STATE
+
+    @property
+    def save_files(self) -> Path:
+        return self.training_state / SAVE_FILES
 
     @property
     def scheduler_state(self) -> Path:

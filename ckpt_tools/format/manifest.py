@@ -22,10 +22,12 @@ run that saved it, as ``training_step.json`` records it (a :class:`Variant`)::
         ├── rng_state.safetensors         every rank's RNG      always
         ├── scheduler_state.json          LR scheduler          always
         ├── scaler_state.json             fp16 loss scaler      fp16
-        └── training_step.json            the record            always, written last
+        ├── training_step.json            the record            always, the last part written
+        └── save_files.json               the save's files      always (ckpt-train), written by the commit
 
 :data:`PARTS` is in the order the training core writes them: ``training_step.json`` last, so
-its presence means everything it describes is there. A loader takes the weights and the
+its presence means everything it describes is there. ``save_files.json`` is no part: the
+commit lists in it every file the save wrote (``ckpt_tools.format.rules.save_files``). A loader takes the weights and the
 optimizer state from the first container of :func:`weights_inputs` / :func:`optimizer_inputs`
 that is present: DCP shards reshard onto any topology, so they win over a flat file.
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_tools.format import layout
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.fsutil import replace_symlink
 from devtools.scale import run as runs
 from devtools.scale import sizes, trainer_index
@@ -113,6 +115,8 @@ def _generate(recipe: Recipe, out: Path, checkpoints: Path, name: str, started: 
     write_pretrained_model(pretrained, recipe.shape, runs.train_config_json(recipe.shape, cfg), recipe.run.dataset_root)
     record = runs.training_step(recipe.world, recipe.run, runs.dataset_size(recipe.run.dataset_root), cfg.seed)
     write_training_state(training, record, optimizer_state.scheduler, cfg.seed)
+    steps = layout.StepPaths(partial)  # the record of the save's files, as the trainer's commit writes it
+    steps.save_files.write_bytes(save_files.encode(save_files.record(steps, uuid.uuid4().hex)))
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)

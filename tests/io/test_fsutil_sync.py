@@ -99,7 +99,8 @@ def test_the_commit_fsyncs_what_no_writer_did_and_every_directory(tmp_path: Path
         return synced.replace(str(partial), str(root / "000003"))
 
     files = sorted(p for p in fsynced if not os.path.isdir(now(p)))
-    assert files == sorted(str(p) for p in deferred)
+    record = partial / "training_state" / "save_files.json"  # the commit's own record of the save's files
+    assert files == sorted([str(p) for p in deferred] + [str(record)])
     directories = {p for p in fsynced if os.path.isdir(now(p))}
     for directory in (partial, model_dcp, optimizer_dcp, partial / "pretrained_model", partial / "training_state"):
         assert str(directory) in directories, directory

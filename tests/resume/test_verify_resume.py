@@ -21,6 +21,7 @@ from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import VerifyReport, verify_resume
 from devtools.training import LEGACY_CHECKPOINT, TINY, ok, step_dir, train
+from tests.support.save_record import without_save_record
 
 MODEL_DCP = "pretrained_model/pytorch_model_fsdp_0"
 OPTIM_DCP = "training_state/optimizer_0"
@@ -87,10 +88,10 @@ def test_optimizer_metadata_deleted(fsdp: Path, tmp_path: Path) -> None:
 
 def test_truncated_shard_files(fsdp: Path, tmp_path: Path) -> None:
     model = variant(fsdp, tmp_path / "m", lambda d: truncate(d / MODEL_DCP / "__1_0.distcp"))
-    assert list(failed(verify_resume(model))) == ["weights"]
+    assert list(failed(verify_resume(model))) == ["weights", "save-files"]  # also: not the size the save wrote
     assert "truncated" in failed(verify_resume(model))["weights"]
     optim = variant(fsdp, tmp_path / "o", lambda d: truncate(d / OPTIM_DCP / "__0_0.distcp", 1))
-    assert list(failed(verify_resume(optim))) == ["optimizer"]
+    assert list(failed(verify_resume(optim))) == ["optimizer", "save-files"]
     assert "__0_0.distcp" in failed(verify_resume(optim))["optimizer"]
 
 
@@ -112,7 +113,7 @@ def test_overwritten_chunk_archive(fsdp: Path, tmp_path: Path) -> None:
 
 def test_truncated_gathered_weights_of_a_ddp_run(runs: dict[str, Path], tmp_path: Path) -> None:
     ckpt = variant(step_dir(runs["ddp"], 4), tmp_path, lambda d: truncate(d / "pretrained_model/model.safetensors"))
-    assert list(failed(verify_resume(ckpt))) == ["weights"]
+    assert list(failed(verify_resume(ckpt))) == ["weights", "save-files"]
 
 
 def test_incomplete_dcp_weights_fall_back_to_the_gathered_file(fsdp: Path, tmp_path: Path) -> None:
@@ -145,6 +146,7 @@ def test_metadata_that_does_not_cover_the_model(fsdp: Path, tmp_path: Path) -> N
     model = variant(fsdp, tmp_path / "m", lambda d: lost.update(m=_drop_from_metadata(d / MODEL_DCP, str)))
     message = failed(verify_resume(model))["weights-coverage"]
     assert lost["m"].removeprefix("model.") in message and "strict DCP load will fail" in message
+    without_save_record(model)  # as another producer's checkpoint: the load itself must refuse it
     optim = variant(
         fsdp, tmp_path / "o", lambda d: _drop_from_metadata(d / OPTIM_DCP, lambda k: k.endswith(".exp_avg_sq"))
     )
@@ -171,9 +173,11 @@ def test_a_record_of_another_step_fails_even_the_strict_gate(runs: dict[str, Pat
         step_dir(runs["ddp"], 8), tmp_path, lambda d: edit_json(d / "training_state/training_step.json", step=0)
     )
     report = verify_resume(ckpt, strict=True)
-    assert list(failed(report)) == ["consistency"]
+    assert list(failed(report)) == ["consistency", "save-files"]  # the edit is also not what the save wrote
     assert failed(report)["consistency"].startswith(f"{ckpt}/training_state/training_step.json: step 0, in step")
-    assert [c.name for c in plan_reshard(ckpt).blockers] == ["consistency"]  # reshard-plan: cannot work
+    assert [c.name for c in plan_reshard(ckpt).blockers] == ["consistency", "save-files"]  # reshard-plan: cannot work
+    without_save_record(ckpt)  # another producer's checkpoint: the counters alone still refuse it
+    assert list(failed(verify_resume(ckpt, strict=True))) == ["consistency"]
 
 
 def test_an_optimizer_of_another_step_is_not_resumable(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -182,7 +186,7 @@ def test_an_optimizer_of_another_step_is_not_resumable(runs: dict[str, Path], tm
         shutil.copytree(step_dir(runs["fsdp"], 4) / OPTIM_DCP, d / OPTIM_DCP)
 
     report = verify_resume(variant(step_dir(runs["fsdp"], 8), tmp_path, earlier_optimizer), strict=True)
-    assert list(failed(report)) == ["consistency"]
+    assert list(failed(report)) == ["consistency", "save-files"]
     assert "optimizer_0: Adam step 4 (" in failed(report)["consistency"]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from devtools.training import FIXTURE_DATASET, TINY, step_dir, train
 from tests.support.run_copy import copy_run
+from tests.support.save_record import without_save_record
 
 pytest.importorskip("torch")
 
@@ -107,6 +108,7 @@ def test_a_checkpoint_whose_parts_are_from_different_steps_is_refused(runs: dict
     run = copy_run(runs["ddp"], tmp_path / "run")
     record = step_dir(run, 8) / "training_state" / "training_step.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "step": 0}))  # the reported case
+    without_save_record(step_dir(run, 8))  # the step counters refuse it on their own (a LeRobot-like copy)
     before = fingerprint(run)
     proc = train("--resume=true", f"--config_path={run / 'checkpoints' / 'last'}")
     lines = error_lines(proc.stderr)

@@ -25,7 +25,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import metadata_scalars, position_names, read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, unresumable_reason
+from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
@@ -63,6 +63,7 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     checks.append(_rng(source, target))
     checks.append(_scaler(source, target))
     checks.append(_consistency(source))
+    checks.append(_save_files(source, target))
     return checks
 
 
@@ -103,6 +104,23 @@ def _consistency(source: ResumeSource) -> Check:
     if found:
         return Check.fail("consistency", consistency.summary(found))
     return Check.ok("consistency", consistency.describe(counters))
+
+
+def _save_files(source: ResumeSource, target: ResumeTarget) -> Check:
+    """The trainer's refusal of a step holding files its save did not write (LeRobot's resume does not look)."""
+    try:
+        saved = save_files.read(source.paths)
+    except CkptError as e:
+        return Check.fail("save-files", str(e))
+    found = save_files.problems(source.paths, saved) if saved is not None else []
+    if not found:
+        edited = save_files.edits(source.paths, saved) if saved is not None else []
+        note = f"; edited since the save (the resume uses the edits): {', '.join(edited)}" if edited else ""
+        return Check.ok("save-files", save_files.describe(saved) + note)
+    line = save_files.summary(source.paths, found)
+    if _lerobot(target):  # it loads them: the run goes on, not from the state that was saved
+        return Check.warn("save-files", f"{line}; lerobot-train does not check and would resume from a mixed state")
+    return Check.fail("save-files", line)
 
 
 # ---------------------------------------------------------------------- weights

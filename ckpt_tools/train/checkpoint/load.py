@@ -13,16 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch.distributed as dist
+
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency
+from ckpt_tools.format.rules import consistency, save_files
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.train.checkpoint import parts, rng
 from ckpt_tools.train.checkpoint.audit import resident_bytes, write_audit
 from ckpt_tools.train.checkpoint.safe_dcp import require_valid_dcp_inputs
 from ckpt_tools.train.checkpoint.training_state import TrainingState
+from ckpt_tools.train.parallel.distributed import DistEnv
 
 
 @dataclass
@@ -53,24 +56,44 @@ def load_checkpoint(state: TrainingState, step_dir: Path, trainable: set[str] | 
 
 
 def preflight_resume(step_dir: Path) -> TrainingStep:
-    """Before any process group exists: is this a checkpoint we can resume at all, its parts from one step?"""
+    """Before any process group exists: is this a checkpoint we can resume at all, its parts from one step?
+
+    The ends of the bulk files (shards) are not read here, by every rank: :func:`_load` shares them out.
+    """
     paths = StepPaths(step_dir)
     record = parts.load_training_step(paths)
-    require_consistent(paths, record)
+    require_consistent(paths, record, bulk_share=None)
     return record
 
 
-def require_consistent(paths: StepPaths, record: TrainingStep) -> None:
-    """Refuse a checkpoint whose parts are not from one step (the rule ``verify-resume`` checks too)."""
-    reason = consistency.inconsistency(paths, record)
+def require_consistent(
+    paths: StepPaths, record: TrainingStep, bulk_share: tuple[int, int] | None = save_files.ALL
+) -> None:
+    """Refuse a checkpoint whose files are not its save's, or whose parts are not from one step
+    (the rules ``verify-resume`` checks too)."""
+    reason = save_files.mismatch(paths, bulk_share) or consistency.inconsistency(paths, record)
     if reason is not None:
         raise CheckpointError(reason)
+
+
+def require_bulk_from_save(env: DistEnv, paths: StepPaths) -> None:
+    """Collective: the bulk files' ends against the record, each file read by one rank; every rank
+    refuses with the first line any rank found (the line ``verify-resume`` gives when it is the only one)."""
+    share = (env.rank, env.world_size) if env.distributed else save_files.ALL
+    line = save_files.mismatch(paths, share)
+    if env.distributed:
+        lines: list[str | None] = [None] * env.world_size
+        dist.all_gather_object(lines, line)
+        line = next((found for found in lines if found is not None), None)
+    if line is not None:
+        raise CheckpointError(line)
 
 
 def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> ResumeReport:
     record = parts.load_training_step(paths)
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
-    require_consistent(paths, record)  # as the preflight did: the load refuses on its own too
+    require_consistent(paths, record, bulk_share=None)  # as the preflight did: the load refuses on its own too
+    require_bulk_from_save(s.env, paths)
     warnings: list[str] = []
     reads = _load_weights(s, paths, trainable, warnings)
     reads.update(_load_optimizer(s, paths, record))

@@ -17,6 +17,7 @@ import copy
 import itertools
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from ckpt_tools.errors import CheckpointError, CkptError, WriteError
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, sync_deferred
 from ckpt_tools.st.writer import describe_os_error
 from ckpt_tools.train.checkpoint import parts
@@ -346,7 +348,13 @@ def prepare_partial(job: SaveJob) -> None:
 
 
 def commit(partial: Path, final: Path, root: Path) -> None:
-    """Main rank: make the partial save durable, rename it into place, then move ``last``."""
+    """Main rank: record the save's files, make the partial save durable, rename it into place, then move ``last``.
+
+    Every rank's files are complete (the closing barrier): the record lists them all, so a file
+    that later arrives from another save is told apart (:mod:`ckpt_tools.format.rules.save_files`).
+    """
+    paths = StepPaths(partial)
+    paths.save_files.write_bytes(save_files.encode(save_files.record(paths, uuid.uuid4().hex)))  # fsynced below
     fsync_tree(partial, already_synced=synced_by_their_writers)
     if final.exists():
         # Re-saving a step (a resume into the same output dir): swap the old one out first.

@@ -1,0 +1,249 @@
+"""Whether a step's files are the ones its save wrote, decided once for trainer and tools.
+
+Nothing in the formats ties the files of one save together: a ``rng_state.safetensors``, a
+``scheduler_state.json`` or a DCP shard copied in from another save of the same run (another
+attempt at the same step, a neighbouring step, a colleague's copy) has the right names, types
+and shapes, loads without an error, and the promised bit-identical continuation silently does
+not happen. So the commit of every save records, in ``training_state/save_files.json``, one
+save id and every file it wrote with its size and a BLAKE2b digest: of the whole file for
+everything but the bulk data, and of its first and last :data:`SAMPLE` bytes for the bulk (DCP
+shard files, and other files over :data:`DIGEST_LIMIT`: weights of large models, a huge
+``.metadata``). Those bytes hold tensor data of the first and last chunk, which every update
+changes, so a bulk file from another save differs there too, while the check stays a few reads
+per file at any size. A bit flipped in the middle of a bulk file is not found this way. A step
+whose recorded files differ is refused by the resume and called unhealthy / not resumable by
+the tools, with the same line.
+
+Two files are the user's to edit, and an edit is reported, not refused: ``train_config.json``
+(a resume starts from it; a moved dataset or output directory is fixed there) and
+``adapter_config.json`` (where the PEFT base policy now is). The tools of this project that
+change a step (``convert-dcp --overwrite`` into it) record what they wrote (:func:`amend`).
+
+The record lists what the save wrote, not what must be there: a file a tool added later (the
+``model.safetensors`` that ``convert-dcp`` writes next to the shards) is not judged here, and a
+missing part is the manifest's concern. But a shard file in a DCP directory that the save did
+not write is refused - DCP would read it.
+
+Checkpoints that carry no record (LeRobot's, other producers', this trainer's before the
+record existed) get only the cross-file counter checks of
+:mod:`ckpt_tools.format.rules.consistency`; :func:`describe` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format import layout as L
+from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.io.fsutil import atomic_write
+from ckpt_tools.io.safe_read import open_regular, read_json_file
+
+SCHEMA = 1
+EDITABLE = frozenset({f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_MODEL_DIR}/{L.ADAPTER_CONFIG}"})
+DIGEST_LIMIT = 64 * 2**20  # files up to this size are digested whole at the save and at every check
+SAMPLE = 4096  # bytes from each end of a bulk file that its digest covers
+_READ = 4 * 2**20
+LISTED = 3  # mismatches a line names; the rest are counted
+
+
+@dataclass(frozen=True)
+class RecordedFile:
+    size: int
+    blake2b: str  # of the whole file, or (``sampled``) of its first and last SAMPLE bytes
+    sampled: bool
+
+
+@dataclass(frozen=True)
+class SaveFiles:
+    """``save_files.json``: one save's id and the files it wrote (paths relative to the step dir)."""
+
+    save_id: str
+    files: dict[str, RecordedFile]
+
+
+def record(paths: StepPaths, save_id: str) -> dict[str, Any]:
+    """The record of every file under the step directory now (the commit calls it once the ranks are done)."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(_files_under(paths.root)):
+        rel = path.relative_to(paths.root).as_posix()
+        if rel == _relative(paths):
+            continue
+        size = path.stat().st_size
+        sampled = _bulk(path, size)
+        files[rel] = {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+    return {"schema": SCHEMA, "save_id": save_id, "files": files}
+
+
+def read(paths: StepPaths) -> SaveFiles | None:
+    """The step's record, None when it has none; :class:`CheckpointError` when it is unreadable or malformed."""
+    path = paths.save_files
+    if not path.exists() and not path.is_symlink():
+        return None
+    doc = read_json_file(path)
+    try:
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ValueError(f"not a schema-{SCHEMA} record")
+        save_id, listed = doc["save_id"], doc["files"]
+        if not isinstance(save_id, str) or not isinstance(listed, dict):
+            raise ValueError("save_id or files of the wrong type")
+        files = {}
+        for rel, entry in listed.items():
+            size, sampled = entry["size"], "sampled" in entry
+            digest = entry["sampled" if sampled else "blake2b"]
+            if type(size) is not int or size < 0 or not isinstance(digest, str):
+                raise ValueError(f"entry {rel!r} is not a size and a digest")
+            if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
+                raise ValueError(f"entry {rel!r} is not a path inside the step")
+            files[rel] = RecordedFile(size, digest, sampled)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a record of a save's files ({e})") from None
+    return SaveFiles(save_id, files)
+
+
+ALL = (0, 1)  # a bulk_share that samples every bulk file
+
+
+def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | None = ALL) -> list[str]:
+    """Every file that is not what the save wrote: changed size or content, or a shard it did not write.
+
+    ``bulk_share`` ``(r, n)``: sample the ends of every n-th bulk file from the r-th on (the
+    trainer's ranks share the reads: each file is read once in the job, not once per rank);
+    None: bulk files by size only. Sizes and every other file are always checked whole.
+    """
+    out: list[str] = []
+    bulk_seen = 0
+    for rel, recorded in saved.files.items():
+        if rel in EDITABLE:
+            continue
+        sample = True
+        if recorded.sampled:
+            sample = bulk_share is not None and bulk_seen % bulk_share[1] == bulk_share[0]
+            bulk_seen += 1
+        out += _differs(paths, rel, recorded, sample)
+    for directory in (paths.model_dcp, paths.optimizer_dcp):
+        if not directory.is_dir():
+            continue
+        for entry in os.scandir(directory):
+            rel = f"{directory.relative_to(paths.root).as_posix()}/{entry.name}"
+            dcp_file = entry.name.endswith(L.DCP_SHARD_SUFFIX) or entry.name == L.DCP_METADATA
+            if dcp_file and rel not in saved.files:
+                out.append(f"{rel}: a DCP file the save did not write")
+    return out
+
+
+def edits(paths: StepPaths, saved: SaveFiles) -> list[str]:
+    """The user-editable configs changed since the save (reported, never refused)."""
+    return [rel for rel in sorted(EDITABLE) if rel in saved.files and _differs(paths, rel, saved.files[rel], True)]
+
+
+def amend(paths: StepPaths, written: list[Path]) -> None:
+    """Record ``written`` (files a tool of this project just wrote into the step) as the step's own.
+
+    A step without a record stays without one; the save id is kept. A record that cannot be
+    read is left as it is (the step's checks report it): the tool's own output stands.
+    """
+    try:
+        if read(paths) is None:
+            return
+        doc = json.loads(paths.save_files.read_text())
+    except (CheckpointError, OSError, ValueError):
+        return
+    for path in written:
+        rel = path.relative_to(paths.root).as_posix()
+        size = path.stat().st_size
+        sampled = _bulk(path, size)
+        doc["files"][rel] = {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+    with atomic_write(paths.save_files) as handle:
+        handle.write(encode(doc))
+
+
+def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool) -> list[str]:
+    """One line when the file ``rel`` is not what was recorded (nothing when it is, or is gone);
+    ``digest``: compare the content too, not only the size."""
+    path = paths.root / rel
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return []  # a missing part is the manifest's concern; a deleted converted-away shard is fine
+    except OSError as e:
+        return [f"{rel}: cannot be read ({e.strerror})"]
+    if not stat.S_ISREG(st.st_mode):
+        return [f"{rel}: no longer a regular file"]
+    if st.st_size != recorded.size:
+        return [f"{rel}: {st.st_size} bytes, the save wrote {recorded.size}"]
+    if digest and _digest(path, st.st_size, recorded.sampled) != recorded.blake2b:
+        return [f"{rel}: its content is not what the save wrote (digest differs)"]
+    return []
+
+
+def summary(paths: StepPaths, found: list[str]) -> str:
+    """The one line the resume refuses with and the tools fail their check with."""
+    shown = "; ".join(found[:LISTED]) + (f"; and {len(found) - LISTED} more" if len(found) > LISTED else "")
+    return f"{paths.root}: files that are not from the save that wrote this step ({shown})"
+
+
+def describe(saved: SaveFiles | None) -> str:
+    if saved is None:
+        return "no record of the save's files (not written by ckpt-train): only the counters tie its files together"
+    bulk = sum(f.sampled for f in saved.files.values())
+    return (
+        f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
+        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by size and both ends)"
+    )
+
+
+def mismatch(paths: StepPaths, bulk_share: tuple[int, int] | None = ALL) -> str | None:
+    """The line that refuses ``paths`` (None: its files are its save's, or it has no record)."""
+    saved = read(paths)
+    if saved is None:
+        return None
+    found = problems(paths, saved, bulk_share)
+    return summary(paths, found) if found else None
+
+
+def _relative(paths: StepPaths) -> str:
+    return paths.save_files.relative_to(paths.root).as_posix()
+
+
+def _files_under(root: Path) -> list[Path]:
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        out += [Path(dirpath) / name for name in filenames]
+    return out
+
+
+def _bulk(path: Path, size: int) -> bool:
+    return size > DIGEST_LIMIT or path.name.endswith(L.DCP_SHARD_SUFFIX)
+
+
+def _digest(path: Path, size: int, sampled: bool) -> str:
+    """BLAKE2b of the whole file, or (``sampled``) of its first and last :data:`SAMPLE` bytes.
+
+    ``size`` is what the caller saw; a whole-file digest reads at most :data:`DIGEST_LIMIT` + 1
+    bytes, so a record cannot make a check read a huge file end to end.
+    """
+    fd = open_regular(path)
+    try:
+        h = hashlib.blake2b(digest_size=16)
+        if sampled:
+            h.update(os.pread(fd, SAMPLE, 0))
+            h.update(os.pread(fd, SAMPLE, max(0, size - SAMPLE)))
+        else:
+            left = DIGEST_LIMIT + 1
+            while left > 0 and (chunk := os.read(fd, min(_READ, left))):
+                h.update(chunk)
+                left -= len(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()

@@ -273,8 +273,8 @@ def convert_dcp(
                     "not enough memory to assemble the largest tensor (non-row-sharded tensors are built in memory"
                     " one at a time); nothing was written"
                 ) from None
-            if source.step is not None:  # files written into the step are the step's from now on
-                inside = [p for p in written if p.resolve().is_relative_to(source.step.root.resolve())]
+            inside = [p for p in written if source.step and p.resolve().is_relative_to(source.step.root.resolve())]
+            if source.step is not None and inside:  # files written into the step are the step's from now on
                 save_files.amend(source.step, inside)
     result = ConvertResult(
         plan,

@@ -159,24 +159,29 @@ class Record(metaclass=_FrozenClass):
             raise TypeError(f"{_torch_name(type(self))}: too many arguments")
         self.__dict__.update(zip(self.FIELDS, args, strict=False))
 
-
-class TupleStateRecord(Record):
-    """A Record whose torch class pickles its state as a tuple of its fields (``TUPLE_STATE``).
-
-    The restricted unpickler's ``BUILD`` fills it itself; C's unpickler (isolated process)
-    calls this ``__setstate__``, which applies the same rule: at most ``len(FIELDS)`` values,
-    or a dict of declared fields.
-    """
-
-    TUPLE_STATE = True
-
     def __setstate__(self, state: Any) -> None:
-        if type(state) is tuple and len(state) <= len(self.FIELDS):
+        """What C's unpickler (the isolated process) calls for ``BUILD``: the restricted one's rule.
+
+        A dict of declared fields, or for a ``TUPLE_STATE`` Record at most ``len(FIELDS)`` values;
+        anything else (an unknown or dunder key, a slot state) is refused. Without it C's ``BUILD``
+        would put any key into the instance's ``__dict__`` and the two engines would disagree.
+        """
+        if self.TUPLE_STATE and type(state) is tuple and len(state) <= len(self.FIELDS):
             self.__dict__.update(zip(self.FIELDS, state, strict=False))
         elif type(state) is dict and all(type(k) is str and k in self.FIELDS for k in state):
             self.__dict__.update(state)
         else:
             raise ValueError(f"{_torch_name(type(self))} state is not its fields")
+
+
+class TupleStateRecord(Record):
+    """A Record whose torch class pickles its state as a tuple of its fields (``TUPLE_STATE``).
+
+    The restricted unpickler's ``BUILD`` fills it itself; C's unpickler (isolated process) calls
+    :meth:`Record.__setstate__`, which applies the same rule.
+    """
+
+    TUPLE_STATE = True
 
 
 _SIZED = frozenset({str, bytes, bytearray, tuple, list, dict, set, frozenset})

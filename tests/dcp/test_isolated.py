@@ -151,3 +151,24 @@ def test_a_worker_that_cannot_start_is_one_line(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(CkptError, match="cannot start the metadata reader"):
         parse_with("isolated", ckpts / FSDP2_DCP / ".metadata", monkeypatch)
     assert os.path.exists(ckpts / FSDP2_DCP / ".metadata")
+
+
+@pytest.mark.parametrize("attack", METADATA_ATTACKS, ids=lambda a: a.name)
+def test_both_engines_judge_an_attack_spliced_into_a_real_metadata_alike(
+    attack: P.BuildAttack, ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In front of a real ``.metadata`` an attack is refused by both engines or by neither.
+
+    The fuzz found one the restricted engine refused and C's unpickler took: a dunder key in the
+    state of a fresh stand-in, which C's ``BUILD`` put into the instance's ``__dict__``.
+    """
+    path = tmp_path / ".metadata"
+    path.write_bytes(attack.before((ckpts / FSDP2_DCP / ".metadata").read_bytes()))
+    verdicts = {}
+    for engine in ("in-process", "isolated"):
+        try:
+            parse_with(engine, path, monkeypatch)
+            verdicts[engine] = "accepted"
+        except CkptError:  # how each engine names the refusal may differ (unsafe / corrupt)
+            verdicts[engine] = "refused"
+    assert verdicts["in-process"] == verdicts["isolated"], verdicts

@@ -170,3 +170,12 @@ def test_a_convert_beside_an_unreadable_record_keeps_its_output(runs: dict[str, 
     result = convert_dcp(step.root, output=tmp_path / "out.safetensors")
     assert all(p.is_file() for p in result.output_files)
     assert not verify_resume(step.root).resumable  # the record's damage is reported where it is checked
+
+
+def test_a_convert_elsewhere_leaves_the_step_untouched(runs: dict[str, Path], tmp_path: Path) -> None:
+    step = copy_step(runs["fsdp"], 8, tmp_path)
+    text = step.save_files.read_bytes()[:-1]  # the record, cut by one byte: still JSON (the fuzz's case)
+    step.save_files.write_bytes(text)
+    before = step.save_files.stat().st_mtime_ns
+    convert_dcp(step.root, output=tmp_path / "elsewhere" / "model.safetensors")
+    assert step.save_files.read_bytes() == text and step.save_files.stat().st_mtime_ns == before

@@ -82,15 +82,19 @@ def read_text(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> str:
     return read_bytes(path, limit).decode("utf-8")
 
 
-def parse_json(text: str | bytes) -> Any:
+def parse_json(text: str | bytes, *, strict: bool = False) -> Any:
     """``json.loads`` whose only failure is :class:`InvalidJson` (a ValueError).
 
     Integers are limited to what 64 bits hold (:data:`MAX_JSON_INT`): a checkpoint's JSON never
     needs more (safetensors shapes and offsets, steps, sizes are all 64-bit for the loaders that
     read them), and a longer one only costs time - Python parses it quadratically - and breaks
     whatever later multiplies or prints it (an integer of over 4300 digits cannot be printed).
+    ``strict``: also refuse ``NaN`` and ``Infinity``, which Python writes and reads but JSON
+    has not (the safetensors library's parser refuses a header holding one).
     """
     try:
+        if strict:
+            return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
         return json.loads(text, parse_int=_bounded_int)
     except RecursionError:
         raise InvalidJson("JSON nested too deeply") from None
@@ -98,6 +102,10 @@ def parse_json(text: str | bytes) -> Any:
         message = e.msg if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
         where = f" at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
         raise InvalidJson(f"{message}{where}") from None
+
+
+def _no_constant(text: str) -> Any:
+    raise InvalidJson(f"{text} is not JSON")
 
 
 def _bounded_int(text: str) -> int:

@@ -71,7 +71,7 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     except OSError as e:
         raise CheckpointError(f"{p}: unreadable ({e.strerror})") from None
     try:
-        doc = parse_json(raw)
+        doc = parse_json(raw, strict=True)  # what the safetensors library's parser takes
     except ValueError as e:
         raise CorruptCheckpoint(f"{p}: safetensors header is not valid JSON ({e})") from None
     if not isinstance(doc, dict):
@@ -81,6 +81,11 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     raw_meta = doc.pop("__metadata__", None)
     if isinstance(raw_meta, dict):
         metadata = {str(k): v for k, v in raw_meta.items() if isinstance(v, str)}
+        odd = [k for k, v in raw_meta.items() if not isinstance(v, str)]
+        if odd:  # the safetensors library refuses the whole file for one
+            problems.append(
+                f"__metadata__ value of {_show(odd[0])} is a {type(raw_meta[odd[0]]).__name__}, not a string"
+            )
     elif raw_meta is not None:
         problems.append("__metadata__ is not an object of strings")
     entries: dict[str, HeaderEntry] = {}

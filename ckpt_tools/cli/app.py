@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import typer
 
 from ckpt_tools import __version__
-from ckpt_tools.errors import CkptError
+from ckpt_tools.errors import CheckpointError, CkptError, UsageError, shown
 
 # One module per command; each adds itself to ``app`` at import time. Only the invoked
 # command's module is imported (start-up time is part of every CI gate's cost).
@@ -77,6 +77,9 @@ def handled(func: F) -> F:
             return func(*args, **kwargs)
         except CkptError as e:
             raise fail(e) from None
+        except OSError as e:  # a path the file system refuses (too long, a loop, ...): no reader caught it
+            where = e.filename if e.filename is not None else "input"
+            raise fail(CheckpointError(f"{shown(str(where))}: {e.strerror or e}")) from None
         except KeyboardInterrupt:
             typer.echo("error: interrupted", err=True)
             raise typer.Exit(code=130) from None
@@ -90,6 +93,9 @@ def emit_json(payload: Any) -> None:
 
 
 def main() -> None:
+    if "" in sys.argv[1:]:  # Path("") is the current directory: `push ""` would publish whatever is there
+        typer.echo("error: an empty argument: name the path (or value) explicitly, e.g. . for this directory", err=True)
+        raise SystemExit(int(UsageError.exit_code))
     invoked = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     wanted = [COMMAND_MODULES[invoked]] if invoked in COMMAND_MODULES else list(COMMAND_MODULES.values())
     for name in wanted:

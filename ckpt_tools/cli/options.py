@@ -49,6 +49,20 @@ TrainerOpt = Annotated[
         help="Whose resume to predict: ckpt-train or lerobot-train (default: the trainer that wrote CKPT).",
     ),
 ]
+OutputDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output-dir",
+        help="Where the resumed run writes [--output_dir] (default: the run the checkpoint is in).",
+    ),
+]
+OverwriteCheckpointsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite-checkpoints",
+        help="The resume may replace checkpoints after the resumed step [--overwrite_checkpoints=true].",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]
 NoCacheOpt = Annotated[
     bool,

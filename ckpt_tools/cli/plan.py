@@ -51,6 +51,8 @@ def reshard_plan_command(
     mixed_precision: opt.MixedPrecisionOpt = None,
     checkpoint_format: opt.CheckpointFormatOpt = None,
     trainer: opt.TrainerOpt = None,
+    output_dir: opt.OutputDirOpt = None,
+    overwrite_checkpoints: opt.OverwriteCheckpointsOpt = False,
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:

@@ -59,6 +59,8 @@ def verify_resume_command(
     mixed_precision: opt.MixedPrecisionOpt = None,
     checkpoint_format: opt.CheckpointFormatOpt = None,
     trainer: opt.TrainerOpt = None,
+    output_dir: opt.OutputDirOpt = None,
+    overwrite_checkpoints: opt.OverwriteCheckpointsOpt = False,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,

@@ -16,6 +16,7 @@ checks (its optimizers, schedulers, ...) do not apply to LeRobot's configs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from ckpt_tools.errors import UsageError
 from ckpt_tools.format.layout import StepPaths
@@ -59,6 +60,8 @@ class TargetRequest:
     checkpoint_format: str | None = None
     nnodes: int | None = None
     trainer: str | None = None  # ckpt-train or lerobot-train (None: the checkpoint's own)
+    output_dir: Path | None = None  # None: the run the checkpoint is in (the trainer's default)
+    overwrite_checkpoints: bool = False
 
     def check(self) -> None:
         """Flag values that can never work, whatever the checkpoint: a usage error (exit 2).
@@ -103,6 +106,8 @@ class ResumeTarget:
     overridden: tuple[str, ...] = field(default_factory=tuple)  # fields the request changed
     trainer: Trainer = Trainer.CKPT_TRAIN  # who resumes
     kind_refusal: str | None = None  # lerobot-train: the topology resolves, but LeRobot refuses to resume onto it
+    output_dir: Path | None = None  # where the resumed run writes (None: unknown - no train_config.json)
+    overwrite_checkpoints: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -192,6 +197,8 @@ def resolve_target(
         overridden=overridden,
         trainer=trainer,
         kind_refusal=kind,
+        output_dir=request.output_dir or (config.run_dir if config is not None else None),
+        overwrite_checkpoints=request.overwrite_checkpoints,
     )
 
 

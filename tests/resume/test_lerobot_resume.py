@@ -110,3 +110,16 @@ def test_asked_about_lerobot_a_ckpt_train_checkpoint_is_refused() -> None:
 
     report = verify_resume(LEGACY_CHECKPOINT, TargetRequest(trainer="lerobot-train"))
     assert list(failed(report)) == ["layout"] and "LeRobot does not build its act policy" in failed(report)["layout"]
+
+
+def test_a_dataset_without_its_info_file_is_not_resumable_in_lerobot(tmp_path: Path) -> None:
+    """LeRobot's dataset loader reads meta/info.json first: without it lerobot-train stops, so verify says no."""
+    import shutil
+
+    root = tmp_path / "main"
+    shutil.copytree(main_run("fsdp-dcp"), root / "fsdp-dcp", symlinks=True)
+    shutil.copytree(main_run("fsdp-dcp").parent / "dataset", root / "dataset")
+    assert verify_resume(root / "fsdp-dcp" / "checkpoints").resumable
+    (root / "dataset" / "meta" / "info.json").unlink()
+    report = verify_resume(root / "fsdp-dcp" / "checkpoints")
+    assert not report.resumable and "meta/info.json" in failed(report)["dataset"], failed(report)

@@ -243,3 +243,37 @@ def test_fp16_scaler_state(fp16_checkpoint: Path, fsdp: Path, tmp_path: Path) ->
     assert list(failed(verify_resume(ckpt))) == ["scaler"]
     proc = resume(ckpt, tmp_path / "out")  # the training core agrees
     assert proc.returncode != 0 and "scaler_state.json" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ({"batch_size": "eight"}, "batch_size"),
+        ({"optimizer__lr": [1, 2]}, "lr"),
+        ({"log_freq": 0}, "log_freq"),
+    ],
+    ids=["text for an int", "a list for a float", "a value out of range"],
+)
+def test_a_config_the_trainer_cannot_build_is_not_resumable(
+    runs: dict[str, Path], tmp_path: Path, edit: dict[str, object], needle: str
+) -> None:
+    """verify-resume runs the trainer's own parse and validation of train_config.json: same verdict, same line."""
+    ckpt = variant(
+        step_dir(runs["ddp"], 8), tmp_path, lambda d: edit_json(d / "pretrained_model/train_config.json", **edit)
+    )
+    report = verify_resume(ckpt)
+    line = failed(report).get("config-builds")
+    assert not report.resumable and line is not None and needle in line, failed(report)
+
+
+@pytest.mark.torchrun
+def test_the_trainer_refuses_that_config_with_the_same_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = variant(
+        step_dir(runs["ddp"], 8),
+        tmp_path,
+        lambda d: edit_json(d / "pretrained_model/train_config.json", batch_size="eight"),
+    )
+    line = failed(verify_resume(ckpt))["config-builds"]
+    proc = train("--resume=true", f"--config_path={ckpt}", "--steps=10")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error:")] == [f"error: {line}"], proc.stderr[-2000:]

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.resume.plan import plan_reshard
+from ckpt_tools.resume.target import TargetRequest
+from ckpt_tools.resume.verify import verify_resume
 from devtools.training import FIXTURE_DATASET, TINY, step_dir, train
 from tests.support.run_copy import copy_run
 from tests.support.save_record import without_save_record
@@ -127,3 +130,9 @@ def test_a_resume_from_an_older_step_refuses_to_save_over_newer_ones(runs: dict[
     assert lines[0].startswith(f"error: --output_dir={run}: holds checkpoints after step 4 (000008)")
     assert "--overwrite_checkpoints=true" in lines[0]
     assert fingerprint(run) == before
+    # The tools predict the same refusal, with the same line, and what the flag changes.
+    verdict = verify_resume(step_dir(run, 4))
+    assert not verdict.resumable and [f"error: {c.message}" for c in verdict.failures if c.name == "output"] == lines
+    assert "output" in [c.name for c in plan_reshard(step_dir(run, 4)).blockers]
+    assert verify_resume(step_dir(run, 4), TargetRequest(overwrite_checkpoints=True)).resumable
+    assert verify_resume(step_dir(run, 4), TargetRequest(output_dir=tmp_path / "elsewhere")).resumable

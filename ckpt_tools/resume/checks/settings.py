@@ -220,8 +220,12 @@ def _lerobot_dataset(source: ResumeSource) -> Check:
     frames = lerobot_frames(source)
     if not Path(root).expanduser().is_dir():
         return Check.fail("dataset", f"--dataset.root={root}: no such directory - the resume cannot load its data")
-    if frames is None:
-        return Check.warn("dataset", f"--dataset.root={root}: no readable {dataset.INFO_FILE} with total_frames")
+    if frames is None:  # LeRobotDatasetMetadata reads it first thing: the resume stops there
+        return Check.fail(
+            "dataset",
+            f"--dataset.root={root}: no readable {dataset.INFO_FILE} with total_frames - LeRobot cannot load the"
+            " dataset without it",
+        )
     return Check.ok("dataset", f"--dataset.root={root} ({frames} frames)")
 
 

@@ -18,6 +18,7 @@ scheduler, no loss-scaler state.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from ckpt_tools.check import Check
@@ -27,6 +28,7 @@ from ckpt_tools.format.param_groups import metadata_scalars, position_names, rea
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer
+from ckpt_tools.format.rules.resume_output import check_output
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -64,7 +66,40 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     checks.append(_scaler(source, target))
     checks.append(_consistency(source))
     checks.append(_save_files(source, target))
+    for check in (_config_builds(source, target), _output(source, target)):
+        if check is not None:
+            checks.append(check)
     return checks
+
+
+def _config_builds(source: ResumeSource, target: ResumeTarget) -> Check | None:
+    """The trainer's own parse and validation of ``train_config.json`` (torch-free; it needs the
+    training extra's config parser, and says so where that is not installed)."""
+    if _lerobot(target) or source.config is None:
+        return None
+    if importlib.util.find_spec("draccus") is None:
+        return Check.ok(
+            "config-builds",
+            "not checked here: the trainer's config parser comes with the training extra (ckpt-tools[training])",
+        )
+    from ckpt_tools.train.parsing import parse_train_config
+
+    try:
+        cfg, _ = parse_train_config(["--resume=true", f"--config_path={source.paths.train_config}"])
+        cfg.validate()
+    except CkptError as e:
+        return Check.fail("config-builds", str(e))
+    return Check.ok("config-builds", "ckpt-train parses and validates train_config.json")
+
+
+def _output(source: ResumeSource, target: ResumeTarget) -> Check | None:
+    """The trainer's refusal to resume an older step over the newer checkpoints of its output dir."""
+    if _lerobot(target) or target.output_dir is None:
+        return None
+    verdict = check_output(source.paths, source.record.step, target.output_dir, overwrite=target.overwrite_checkpoints)
+    if verdict.refusal is not None:
+        return Check.fail("output", verdict.refusal)
+    return Check.ok("output", "; ".join(verdict.notices) or f"writes into {target.output_dir} (its own run)")
 
 
 def _trainer(source: ResumeSource, target: ResumeTarget) -> Check:

@@ -200,6 +200,13 @@ class TrainConfig:
             raise ConfigError("--policy.type (or --policy.path) is required")
         if not self.output_dir:
             raise ConfigError("--output_dir is required")
+        output = Path(str(self.output_dir))
+        try:
+            blocked = next((p for p in (output, *output.parents) if p.exists() and not p.is_dir()), None)
+        except OSError as e:  # a name longer than the file system allows, a loop of links
+            raise ConfigError(f"--output_dir={output}: {e.strerror or e}") from None
+        if blocked is not None:
+            raise ConfigError(f"--output_dir={output}: {blocked} exists and is not a directory")
         refusals = setting_refusals(self.run_settings())
         if refusals:
             raise ConfigError(refusals[0].message)

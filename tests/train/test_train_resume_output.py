@@ -136,3 +136,22 @@ def test_a_resume_from_an_older_step_refuses_to_save_over_newer_ones(runs: dict[
     assert "output" in [c.name for c in plan_reshard(step_dir(run, 4)).blockers]
     assert verify_resume(step_dir(run, 4), TargetRequest(overwrite_checkpoints=True)).resumable
     assert verify_resume(step_dir(run, 4), TargetRequest(output_dir=tmp_path / "elsewhere")).resumable
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("file/run", "exists and is not a directory"),
+        ("file", "exists and is not a directory"),
+        ("x" * 300, "name too long"),
+    ],
+    ids=["under a file", "a file", "a name too long"],
+)
+def test_an_output_dir_that_cannot_be_one_is_refused_at_start_up(tmp_path: Path, output: str, expected: str) -> None:
+    from ckpt_tools.errors import ConfigError
+    from ckpt_tools.train.parsing import parse_train_config
+
+    (tmp_path / "file").write_text("not a directory")
+    cfg, _ = parse_train_config([*TINY, f"--output_dir={tmp_path / output}"])
+    with pytest.raises(ConfigError, match=expected):
+        cfg.validate()

@@ -351,12 +351,19 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Factors of the batch and of the world: every one of them is divided by somewhere, and none of
+# them can be 0 in a run that trained.
+POSITIVE = frozenset({"dp_world_size", "batch_size", "grad_accum_steps", "num_processes"})
+
+
 def _int(data: dict[str, Any], key: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckpointError(f"training_step.json: '{key}' must be a non-negative integer, got {_show(value)}")
+    least = 1 if key in POSITIVE else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive" if least else "a non-negative"
+        raise CheckpointError(f"training_step.json: '{key}' must be {kind} integer, got {_show(value)}")
     return value
 
 

@@ -107,6 +107,10 @@ def test_foreign_record_keeps_extra_keys() -> None:
         ({"step": 1, "topology": {"world_size": 4, "dp_replicate": 3, "dp_shard": 2}}, "≠ world_size 4"),
         ({"step": 1, "topology": [1, 2]}, "'topology' must be an object"),
         ([1, 2, 3], "expected a JSON object"),
+        ({"step": 1, "batch_size": 0}, "'batch_size' must be a positive integer, got 0"),
+        ({"step": 1, "grad_accum_steps": 0}, "'grad_accum_steps' must be a positive integer"),
+        ({"step": 1, "dp_world_size": 0}, "'dp_world_size' must be a positive integer"),
+        ({"step": 1, "num_processes": 0}, "'num_processes' must be a positive integer"),
     ],
 )
 def test_bad_records_give_one_clear_line(payload: object, needle: str) -> None:
@@ -134,3 +138,20 @@ def test_layouts() -> None:
     with pytest.raises(ValueError):
         layout_for(4, 3, 1)
     assert Topology(4, 2, 2).describe().startswith("HSDP over 2×2")
+
+
+def test_a_zero_batch_factor_is_one_line_in_verify_resume_and_reshard_plan(tmp_path: Path) -> None:
+    """Both divided by it (ZeroDivisionError) before the record refused it."""
+    import shutil
+
+    from ckpt_tools.resume.plan import plan_reshard
+    from ckpt_tools.resume.verify import verify_resume
+    from tests.support.lerobot_fixtures import main_run
+
+    run = tmp_path / "run"
+    shutil.copytree(main_run("fsdp-dcp"), run, symlinks=True)
+    record = run / "checkpoints" / "000004" / "training_state" / "training_step.json"
+    record.write_text(record.read_text().replace('"batch_size": 2', '"batch_size": 0'))
+    assert not verify_resume(run / "checkpoints" / "000004").resumable
+    with pytest.raises(CheckpointError, match="'batch_size' must be a positive integer"):
+        plan_reshard(run / "checkpoints" / "000004")

@@ -197,7 +197,7 @@ def resolve_target(
         overridden=overridden,
         trainer=trainer,
         kind_refusal=kind,
-        output_dir=request.output_dir or (config.run_dir if config is not None else None),
+        output_dir=Path(request.output_dir) if request.output_dir else (config.run_dir if config is not None else None),
         overwrite_checkpoints=request.overwrite_checkpoints,
     )
 

@@ -172,6 +172,20 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
     return parsed.cfg, parsed.resume_from
 
 
+def resume_config(step: layout.StepPaths, args: list[str]) -> TrainConfig:
+    """The config a resume of ``step`` runs with: its ``train_config.json`` under the command's ``args``.
+
+    Torch-free: ``verify-resume`` builds it with the same call (its ``config-builds`` check).
+    Read as the tools read it: paths resolved, ``output_dir`` the run the checkpoint is in.
+    """
+    base = read_saved_config(step.train_config).resume_base()
+    base["overwrite_checkpoints"] = False  # only this launch's own flag replaces checkpoints
+    cfg = _draccus_parse([a for a in args if not a.startswith("--policy.type")], base)
+    cfg.resume = True
+    cfg.record_absolute_paths()
+    return cfg
+
+
 def parse_train_args(argv: list[str]) -> ParsedArgs:
     """The command line as :class:`ParsedArgs`; a bad flag raises :class:`ConfigError` naming it."""
     notes: list[str] = []
@@ -204,14 +218,7 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
         # A checkpoint this trainer never resumes (LeRobot's, the 0.6.x layout) is named as such
         # before its train_config.json is decoded: a LeRobot config would only fail as unknown fields.
         load_training_step(step)
-        # Read as verify-resume reads it: paths resolved, output_dir the run the checkpoint is in.
-        base = read_saved_config(step.train_config).resume_base()
-        base["overwrite_checkpoints"] = False  # only this launch's own flag replaces checkpoints
-        args = [a for a in args if not a.startswith("--policy.type")]
-        cfg = _draccus_parse(args, base)
-        cfg.resume = True
-        cfg.record_absolute_paths()
-        return cfg, step.root.resolve()
+        return resume_config(step, args), step.root.resolve()
     base = _read_config(Path(config_path)) if config_path else None
     policy_path = _pop(args, "policy.path")
     if policy_path is not None:

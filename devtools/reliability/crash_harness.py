@@ -218,7 +218,9 @@ def check_last(root: Path, nproc: int, previous: int | None) -> list[str]:
     if previous is not None and step < previous:
         problems.append(f"last moved backwards: {previous} -> {step}")
     for visible in layout.list_step_dirs(root):
-        report = verify_resume(visible, TargetRequest(nproc=nproc))
+        # Whether its files resume: an older step's resume into its own run, which holds newer
+        # ones, needs --overwrite_checkpoints=true (the trainer refuses it otherwise).
+        report = verify_resume(visible, TargetRequest(nproc=nproc, overwrite_checkpoints=True))
         if not report.resumable:
             why = "; ".join(c.message for c in report.failures)[:500]
             problems.append(f"{visible.name} is visible but not resumable: {why}")

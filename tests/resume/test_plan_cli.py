@@ -15,10 +15,11 @@ from devtools.training import step_dir
 from tests.support.cli import invoke_cli
 
 
-def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Path]) -> None:
+def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
+    out = tmp_path / "onto-hsdp"  # a resume of step 4 into its own run would overwrite 000008
     args = ["reshard-plan", str(src), "--nproc", "4", "--dp-replicate", "2", "--dp-shard", "2"]
-    args += ["--checkpoint-format", "dcp", "--batch-size", "4"]
+    args += ["--checkpoint-format", "dcp", "--batch-size", "4", "--output-dir", str(out)]
     human = run_cli(*args, no_torch=True)
     assert human.returncode == 0, human.stderr
     out = human.stdout
@@ -34,7 +35,7 @@ def test_plan_without_torch_human_and_json_agree_with_the_api(runs: dict[str, Pa
     assert machine.returncode == 0, machine.stderr
     doc = json.loads(machine.stdout)
     api = plan_reshard(
-        src, TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", batch_size=4)
+        src, TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", batch_size=4, output_dir=out)
     ).to_dict()
     assert doc == json.loads(json.dumps(api))
     assert doc["workable"] and doc["batch_after"]["effective_batch_size"] == 16

@@ -65,7 +65,7 @@ def _answer(*args: str) -> dict[str, Any]:
     ids=["inspect", "verify-resume", "verify-resume onto FSDP(2)", "reshard-plan onto HSDP", "convert-dry-run"],
 )
 def test_the_tools_answer_the_same_with_and_without_the_index(runs: dict[str, Path], args: tuple[str, ...]) -> None:
-    step = str(step_dir(runs["hsdp"], 4))
+    step = str(step_dir(runs["hsdp"], 8))  # the run's last: a resume of step 4 would overwrite 000008
     command = [a.format(step=step) for a in args]
     with_index = _answer(*command)
     without = _answer(*command, "--no-cache")

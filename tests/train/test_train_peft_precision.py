@@ -118,7 +118,7 @@ def test_peft_base_moved_away_is_not_resumable(lora_runs: dict[str, Path], tmp_p
         doc = json.loads(path.read_text())
         (doc[keys[0]] if len(keys) == 2 else doc)[keys[-1]] = gone
         path.write_text(json.dumps(doc))
-    report = verify_resume(ckpt)
+    report = verify_resume(ckpt, TargetRequest(output_dir=tmp_path / "out"))  # where the resume below writes
     assert not report.resumable
     assert [c.name for c in report.failures] == ["peft-base"]
     assert gone in report.failures[0].message and "no such directory" in report.failures[0].message

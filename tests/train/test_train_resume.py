@@ -120,7 +120,7 @@ def test_fsdp_checkpoint_reshards_onto_one_process(runs: dict[str, Path], tmp_pa
 def test_fsdp_checkpoint_reshards_onto_hsdp(runs: dict[str, Path], tmp_path: Path) -> None:
     src = step_dir(runs["fsdp"], 4)
     out = tmp_path / "hsdp"
-    target = TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp")
+    target = TargetRequest(nproc=4, dp_replicate=2, dp_shard=2, checkpoint_format="dcp", output_dir=out)
     assert verify_resume(src, target).resumable
     plan = plan_reshard(src, target)
     assert plan.workable and plan.target.layout == "hsdp"
@@ -148,7 +148,7 @@ def test_hsdp_checkpoint_reshards_onto_fsdp(runs: dict[str, Path], tmp_path: Pat
         "--checkpoint_format=safetensors_dcp",
         "--steps=4",
     )
-    target = TargetRequest(nproc=2, dp_replicate=1, dp_shard=2, checkpoint_format="safetensors_dcp")
+    target = TargetRequest(nproc=2, dp_replicate=1, dp_shard=2, checkpoint_format="safetensors_dcp", output_dir=out)
     assert verify_resume(src, target).resumable
     plan = plan_reshard(src, target)
     assert plan.workable and not plan.data.sample_exact

@@ -82,11 +82,10 @@ def _config_builds(source: ResumeSource, target: ResumeTarget) -> Check | None:
             "config-builds",
             "not checked here: the trainer's config parser comes with the training extra (ckpt-tools[training])",
         )
-    from ckpt_tools.train.parsing import parse_train_config
+    from ckpt_tools.train.parsing import resume_config
 
     try:
-        cfg, _ = parse_train_config(["--resume=true", f"--config_path={source.paths.train_config}"])
-        cfg.validate()
+        resume_config(source.paths, []).validate()
     except CkptError as e:
         return Check.fail("config-builds", str(e))
     return Check.ok("config-builds", "ckpt-train parses and validates train_config.json")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,7 +115,7 @@ def _generate(recipe: Recipe, out: Path, checkpoints: Path, name: str, started: 
     record = runs.training_step(recipe.world, recipe.run, runs.dataset_size(recipe.run.dataset_root), cfg.seed)
     write_training_state(training, record, optimizer_state.scheduler, cfg.seed)
     steps = layout.StepPaths(partial)  # the record of the save's files, as the trainer's commit writes it
-    steps.save_files.write_bytes(save_files.encode(save_files.record(steps, uuid.uuid4().hex)))
+    save_files.write_record(steps)
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)

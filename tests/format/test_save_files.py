@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -114,20 +115,19 @@ def test_a_checkpoint_without_a_record_says_so(runs: dict[str, Path], tmp_path: 
     assert any("no record of the save's files" in note for note in inspect_path(step.root).notes)
 
 
-@pytest.mark.torchrun
-def test_the_real_resume_refuses_with_the_same_line(runs: dict[str, Path], tmp_path: Path) -> None:
-    step = copy_step(runs["ddp"], 8, tmp_path)
-    rel = TAKEN["rng"]
-    shutil.copyfile(step_dir(runs["ddp"], 4) / rel, step.root / rel)
+def mixed_up_resume(run: Path, tmp_path: Path, what: str, nproc: int) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Step 8 of ``run`` with ``what`` from its step-4 save; (the tools' line, the real resume of it)."""
+    step = copy_step(run, 8, tmp_path)
+    shutil.copyfile(step_dir(run, 4) / TAKEN[what], step.root / TAKEN[what])
     line = save_files.mismatch(step)
     assert line is not None
-    proc = train(
-        "--resume=true",
-        f"--config_path={step.train_config}",
-        f"--output_dir={tmp_path / 'resumed'}",
-        "--steps=10",
-        timeout=240,
-    )
+    args = ("--resume=true", f"--config_path={step.train_config}", f"--output_dir={tmp_path / 'resumed'}", "--steps=10")
+    return line, train(*args, nproc=nproc, timeout=240)
+
+
+@pytest.mark.torchrun
+def test_the_real_resume_refuses_with_the_same_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    line, proc = mixed_up_resume(runs["ddp"], tmp_path, "rng", nproc=1)
     assert proc.returncode == 3, (proc.stdout[-2000:], proc.stderr[-4000:])
     assert [x for x in proc.stderr.splitlines() if x.strip()] == [f"error: {line}"], proc.stderr
 
@@ -135,19 +135,7 @@ def test_the_real_resume_refuses_with_the_same_line(runs: dict[str, Path], tmp_p
 @pytest.mark.torchrun
 def test_the_real_resume_shares_the_shard_reads_and_refuses_together(runs: dict[str, Path], tmp_path: Path) -> None:
     """A swapped shard is found by the one rank that samples it; every rank stops with its line."""
-    step = copy_step(runs["hsdp"], 8, tmp_path)
-    rel = TAKEN["optimizer shard"]
-    shutil.copyfile(step_dir(runs["hsdp"], 4) / rel, step.root / rel)
-    line = save_files.mismatch(step)
-    assert line is not None
-    proc = train(
-        "--resume=true",
-        f"--config_path={step.train_config}",
-        f"--output_dir={tmp_path / 'resumed'}",
-        "--steps=10",
-        nproc=4,
-        timeout=240,
-    )
+    line, proc = mixed_up_resume(runs["hsdp"], tmp_path, "optimizer shard", nproc=4)
     assert proc.returncode != 0
     assert f"error: {line}" in proc.stderr.splitlines(), proc.stderr[-3000:]
 

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import stat
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,10 @@ from ckpt_tools.io.safe_read import open_regular, read_json_file
 
 SCHEMA = 1
 EDITABLE = frozenset({f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_MODEL_DIR}/{L.ADAPTER_CONFIG}"})
-DIGEST_LIMIT = 64 * 2**20  # files up to this size are digested whole at the save and at every check
+# Files up to this size are digested whole, at the save and at every check - on every rank of a
+# resume, before any process group exists: the JSON records, the RNG state, processors, small
+# .metadata. Larger ones (a 7B model's .metadata is 40 MiB at 256 ranks) count as bulk.
+DIGEST_LIMIT = 2**20
 SAMPLE = 4096  # bytes from each end of a bulk file that its digest covers
 _READ = 4 * 2**20
 LISTED = 3  # mismatches a line names; the rest are counted
@@ -70,15 +74,18 @@ class SaveFiles:
 
 def record(paths: StepPaths, save_id: str) -> dict[str, Any]:
     """The record of every file under the step directory now (the commit calls it once the ranks are done)."""
-    files: dict[str, dict[str, Any]] = {}
+    own = paths.save_files.relative_to(paths.root).as_posix()
+    files = {}
     for path in sorted(_files_under(paths.root)):
         rel = path.relative_to(paths.root).as_posix()
-        if rel == _relative(paths):
-            continue
-        size = path.stat().st_size
-        sampled = _bulk(path, size)
-        files[rel] = {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+        if rel != own:
+            files[rel] = _entry(path)
     return {"schema": SCHEMA, "save_id": save_id, "files": files}
+
+
+def write_record(paths: StepPaths) -> None:
+    """Write the record of a new save into its (hidden, partial) step directory; the commit's fsyncs make it durable."""
+    paths.save_files.write_bytes(encode(record(paths, uuid.uuid4().hex)))
 
 
 def read(paths: StepPaths) -> SaveFiles | None:
@@ -156,10 +163,7 @@ def amend(paths: StepPaths, written: list[Path]) -> None:
     except (CheckpointError, OSError, ValueError):
         return
     for path in written:
-        rel = path.relative_to(paths.root).as_posix()
-        size = path.stat().st_size
-        sampled = _bulk(path, size)
-        doc["files"][rel] = {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+        doc["files"][path.relative_to(paths.root).as_posix()] = _entry(path)
     with atomic_write(paths.save_files) as handle:
         handle.write(encode(doc))
 
@@ -208,8 +212,11 @@ def mismatch(paths: StepPaths, bulk_share: tuple[int, int] | None = ALL) -> str 
     return summary(paths, found) if found else None
 
 
-def _relative(paths: StepPaths) -> str:
-    return paths.save_files.relative_to(paths.root).as_posix()
+def _entry(path: Path) -> dict[str, Any]:
+    """One file's line of the record: its size and its digest, whole or of both ends."""
+    size = path.stat().st_size
+    sampled = _bulk(path, size)
+    return {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
 
 
 def _files_under(root: Path) -> list[Path]:

@@ -17,7 +17,6 @@ import copy
 import itertools
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -354,7 +353,7 @@ def commit(partial: Path, final: Path, root: Path) -> None:
     that later arrives from another save is told apart (:mod:`ckpt_tools.format.rules.save_files`).
     """
     paths = StepPaths(partial)
-    paths.save_files.write_bytes(save_files.encode(save_files.record(paths, uuid.uuid4().hex)))  # fsynced below
+    save_files.write_record(paths)  # fsynced below
     fsync_tree(partial, already_synced=synced_by_their_writers)
     if final.exists():
         # Re-saving a step (a resume into the same output dir): swap the old one out first.

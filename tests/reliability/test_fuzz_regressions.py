@@ -92,6 +92,21 @@ def test_a_null_step_is_a_checkpoint_error(fsdp: Path) -> None:
     assert len(str(e.value)) < 300  # the value is shortened, not pasted whole into the message
 
 
+def verdicts(step: Path) -> dict[str, str]:
+    """inspect's, verify-resume's and reshard-plan's answer on ``step``, or the error each raised."""
+    out = {}
+    for label, fn in (
+        ("inspect", lambda: inspect_path(step).healthy),
+        ("verify", lambda: verify_resume(step).resumable),
+        ("plan", lambda: plan_reshard(step).workable),
+    ):
+        try:
+            out[label] = str(fn())
+        except CkptError as e:
+            out[label] = type(e).__name__
+    return out
+
+
 # ---------------------------------------------------------------- FIFOs, devices, directories
 
 
@@ -121,20 +136,7 @@ def test_special_files_are_refused_without_blocking_or_reading_forever(
     else:
         path.mkdir()
 
-    def readers() -> dict[str, str]:
-        out = {}
-        for name, fn in (
-            ("inspect", lambda: inspect_path(fsdp).healthy),
-            ("verify", lambda: verify_resume(fsdp).resumable),
-            ("plan", lambda: plan_reshard(fsdp).workable),
-        ):
-            try:
-                out[name] = str(fn())
-            except CkptError as e:
-                out[name] = type(e).__name__
-        return out
-
-    result = fenced(readers, timeout=30, memory_cap=512 * 2**20)
+    result = fenced(lambda: verdicts(fsdp), timeout=30, memory_cap=512 * 2**20)
     assert result["status"] == "done", result  # no hang, no crash, no memory blow-up
     assert not unhealthy or result["value"]["inspect"] != "True", result
     assert not unresumable or result["value"]["verify"] != "True", result
@@ -327,19 +329,6 @@ def test_a_zip_member_whose_local_header_lies_past_the_archive_is_corrupt(fsdp: 
     data[central + 42 : central + 46] = (0x7FFFFFFF).to_bytes(4, "little")  # its local header offset
     shard.write_bytes(bytes(data))
 
-    def readers() -> dict[str, str]:
-        out = {}
-        for label, fn in (
-            ("inspect", lambda: inspect_path(fsdp).healthy),
-            ("verify", lambda: verify_resume(fsdp).resumable),
-            ("plan", lambda: plan_reshard(fsdp).workable),
-        ):
-            try:
-                out[label] = str(fn())
-            except CkptError as e:
-                out[label] = type(e).__name__
-        return out
-
-    result = fenced(readers, timeout=60, memory_cap=512 * 2**20)
+    result = fenced(lambda: verdicts(fsdp), timeout=60, memory_cap=512 * 2**20)
     assert result["status"] == "done", result  # a traceback in the fenced child is status "error"
     assert result["value"] == {"inspect": "False", "verify": "False", "plan": "False"}, result

@@ -19,6 +19,13 @@ interrupted ``convert-dcp --delete-dcp``, named as :mod:`ckpt_tools.io.fsutil` n
 time (:mod:`ckpt_tools.values`), and fails a ``<file> values`` check for each weights or
 optimizer container holding NaN or infinite values, listing them in ``nonfinite``.
 
+``verify_data=True`` (``inspect --verify-data``) also reads every byte of every file the step's
+save recorded against the full digests it computed as it wrote them
+(:mod:`ckpt_tools.format.rules.save_data`): a ``data digests`` check, failed by any byte that
+differs (a bit flipped in the middle of a shard, which the save-files check's 4 KiB ends do
+not see), with the speed it read at. A step without such a record gets a ``warn``: no
+per-byte verification is possible; the checkpoint is not called unhealthy for it.
+
 ``InspectReport.to_dict`` (what ``inspect --json`` prints) holds every field of the report
 plus ``healthy``; each check is ``{"name", "status", "message"}``, the shape ``verify-resume``
 and ``reshard-plan`` use too.
@@ -43,7 +50,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import save_files, unresumable_reason
+from ckpt_tools.format.rules import save_data, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
@@ -106,6 +113,10 @@ class InspectReport:
     tensors: list[TensorInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     values_checked: bool = False  # every tensor's data was read (check_values)
+    data_checked: bool = False  # every recorded byte was to be read (verify_data)
+    data_verified: bool = False  # every recorded byte was read against the save's full digests (verify_data)
+    data_bytes: int = 0  # bytes read for it
+    data_gb_per_s: float | None = None  # the speed it read and digested them at
     nonfinite: list[NonFinite] = field(default_factory=list)  # tensors holding NaN or inf (values_checked)
 
     @property
@@ -124,13 +135,18 @@ class InspectReport:
 # ====================================================================== entry point
 
 
-def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_values: bool = False) -> InspectReport:
+def inspect_path(
+    path: str | os.PathLike[str], *, tensors: bool = False, check_values: bool = False, verify_data: bool = False
+) -> InspectReport:
     """Inspect ``path``; raises :class:`CheckpointError` only when it is not a checkpoint at all.
 
-    ``check_values`` reads every tensor's data too (of every step, on a checkpoints root).
+    ``check_values`` reads every tensor's data too (of every step, on a checkpoints root);
+    ``verify_data`` every recorded byte against the save's full digests (likewise).
     """
     located = L.locate(path)
-    report = InspectReport(path=str(located.path), kind=located.kind.value, values_checked=check_values)
+    report = InspectReport(
+        path=str(located.path), kind=located.kind.value, values_checked=check_values, data_checked=verify_data
+    )
     kind = located.kind
     if kind is L.PathKind.CHECKPOINTS_ROOT:
         _inspect_root(located.path, report, tensors)
@@ -153,7 +169,58 @@ def inspect_path(path: str | os.PathLike[str], *, tensors: bool = False, check_v
         # A DCP dir or a file inside a step dir: the step verify-resume would read (none: in no step dir).
         with contextlib.suppress(CheckpointError):
             _subject(report, L.resolve_step(located.path).root, None)
+    if verify_data and kind in (L.PathKind.DCP_DIR, L.PathKind.SAFETENSORS_DIR, L.PathKind.SAFETENSORS_FILE):
+        _verify_below(located.path, report)
+    elif verify_data and kind is L.PathKind.TRAINER_ROOT:
+        report.checks.append(Check.warn("data digests", save_data.NO_RECORD))
     return report
+
+
+def _verify_below(path: Path, report: InspectReport) -> None:
+    """``--verify-data`` on a DCP dir or a file: the recorded files under it, when it lies in a step dir."""
+    try:
+        step = L.resolve_step(path)
+        under = path.resolve().relative_to(step.root.resolve()).as_posix()
+    except (CheckpointError, ValueError):
+        report.checks.append(Check.warn("data digests", save_data.NO_RECORD))
+        return
+    _verify_data(step, report, under)
+
+
+def _verify_data(paths: L.StepPaths, report: InspectReport, under: str | None) -> None:
+    """The ``data digests`` check: every recorded byte (under ``under``) against the save's full digests."""
+    try:
+        saved = save_files.read(paths)
+    except CheckpointError:
+        return  # the save-files check reports the unreadable record
+    if saved is None:
+        report.checks.append(Check.warn("data digests", save_data.NO_RECORD))
+        return
+    verdict = save_data.verify(paths, saved, under)
+    report.data_bytes += verdict.bytes
+    report.data_gb_per_s = round(verdict.gb_per_s, 3)
+    if verdict.problems:
+        report.checks.append(Check.fail("data digests", verdict.summary(paths)))
+        return
+    if verdict.unverifiable and not verdict.files:
+        report.checks.append(
+            Check.warn(
+                "data digests",
+                f"the record of save {saved.save_id[:12]} holds no digest of every byte (an older, schema-1 record):"
+                " no per-byte verification is possible",
+            )
+        )
+        return
+    report.data_verified = not verdict.unverifiable
+    line = verdict.summary(paths)
+    if verdict.unverifiable:
+        report.checks.append(
+            Check.warn(
+                "data digests", f"{line}; {len(verdict.unverifiable)} recorded without a full digest, not verified"
+            )
+        )
+    else:
+        report.checks.append(Check.ok("data digests", line))
 
 
 def _subject(report: InspectReport, step_dir: Path, record: TrainingStep | None) -> None:
@@ -188,8 +255,14 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
         return
     target = last if last is not None and last in [s.resolve() for s in steps] else steps[-1]
     for step_dir in steps:
-        sub = InspectReport(path=str(step_dir), kind=L.PathKind.STEP_DIR.value, values_checked=report.values_checked)
+        sub = InspectReport(
+            path=str(step_dir),
+            kind=L.PathKind.STEP_DIR.value,
+            values_checked=report.values_checked,
+            data_checked=report.data_checked,
+        )
         _inspect_step(L.StepPaths(step_dir), sub, tensors and step_dir.resolve() == target.resolve())
+        report.data_bytes += sub.data_bytes
         failed = sum(c.failed for c in sub.checks)
         report.steps.append(StepSummary(step_dir.name, L.StepPaths(step_dir).step, sub.healthy, failed))
         if step_dir.resolve() == target.resolve():
@@ -230,7 +303,19 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
     """Take the inspected step's details into the root report (checks prefixed with its name)."""
     name = Path(sub.path).name
     report.checks.extend(Check(f"{name}: {c.name}", c.status, c.message) for c in sub.checks)
-    for attr in ("checkpoint", "step", "formats", "peft", "processors", "training_step", "topology", "batch", "legacy"):
+    for attr in (
+        "checkpoint",
+        "step",
+        "formats",
+        "peft",
+        "processors",
+        "training_step",
+        "topology",
+        "batch",
+        "legacy",
+        "data_verified",
+        "data_gb_per_s",
+    ):
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
     report.leftovers += [f"{name}/{rel}" for rel in sub.leftovers]
@@ -253,6 +338,8 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
     report.checks.extend(_expected_files(paths, variant, part.get(only) if only else None))
     _leftovers(paths.root, [paths.root, pm, paths.training_state], report)
     _save_files(paths, report, part.get(only) if only else None)
+    if report.data_checked:
+        _verify_data(paths, report, part.get(only) if only else None)
     for f in _weight_files(pm):
         _inspect_safetensors(f, _rel(paths.root, f), report, tensors and not paths.model_dcp.is_dir())
     if paths.model_dcp.is_dir():

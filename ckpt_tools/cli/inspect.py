@@ -23,7 +23,11 @@ topology and batch factorization (training_step.json), parameters and bytes by d
 per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
 format, metadata consistency, chunk coverage, file sizes, safetensors headers. --check-values
 also reads every tensor's data (the whole checkpoint, a block at a time) and counts NaN and
-infinite values per tensor: any makes the checkpoint UNHEALTHY.
+infinite values per tensor: any makes the checkpoint UNHEALTHY. --verify-data reads every byte
+of every file the save recorded against the full digests it computed while writing them
+(bounded memory; it reports the speed): a flipped bit anywhere makes the checkpoint UNHEALTHY.
+A checkpoint whose save kept no such record (LeRobot's, other producers', older ones) gets a
+line saying that no per-byte verification is possible, and stays healthy.
 
 \b
 Examples:
@@ -32,6 +36,7 @@ Examples:
   ckpt-tools inspect outputs/train/checkpoints/005000/pretrained_model/pytorch_model_fsdp_0 --json
   ckpt-tools inspect model.safetensors
   ckpt-tools inspect outputs/train/checkpoints/last --check-values
+  ckpt-tools inspect outputs/train/checkpoints/last --verify-data
 
 Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
 """
@@ -52,13 +57,21 @@ def inspect_command(
             " reads the whole checkpoint (on a checkpoints root: every step).",
         ),
     ] = False,
+    verify_data: Annotated[
+        bool,
+        typer.Option(
+            "--verify-data",
+            help="Also read every byte of every file the save recorded against its full digests (a flipped bit"
+            " is UNHEALTHY); no record: a line saying so. Reads the whole checkpoint (a root: every step).",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.inspect import inspect_path
 
     with fresh_reads(no_cache):
-        report = inspect_path(path, tensors=tensors, check_values=check_values)
+        report = inspect_path(path, tensors=tensors, check_values=check_values, verify_data=verify_data)
     if json_out:
         emit_json(report.to_dict())
     else:

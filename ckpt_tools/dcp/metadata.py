@@ -375,6 +375,7 @@ def union_tables(parts: list[tuple[str, ChunkTable]]) -> ChunkTable:
                 b.storage(item.name, None, item.file, item.start, item.length, b.transform_id(item.transforms))
     first = parts[0][1]
     b.checkpoint_id, b.version, b.modules = first.checkpoint_id, first.version, first.modules
+    b.save_id = first.save_id
     b.rank_local = tuple(Path(what).name for what, _ in parts)
     try:
         return b.build()
@@ -518,6 +519,7 @@ def _collect(raw: Any, kinds: Kinds, budget: _Budget) -> TableBuilder:
     meta = getattr(raw, "storage_meta", None)
     if isinstance(meta, kinds.storage_meta):
         b.checkpoint_id = _optional_name(getattr(meta, "checkpoint_id", None), budget)
+        b.save_id = _optional_name(getattr(meta, "save_id", None), budget)
         mods = getattr(meta, "modules", None)
         if isinstance(mods, list):
             budget.values(len(mods))

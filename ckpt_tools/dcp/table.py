@@ -69,6 +69,7 @@ class ChunkTable:
     checkpoint_id: str | None = None
     version: str | None = None
     modules: tuple[str, ...] = ()
+    save_id: str | None = None  # storage_meta.save_id: ckpt-train stamps its save's id there (format.rules.save_stamps)
     rank_local: tuple[str, ...] = ()  # the __<r>.metadata files read (their union), when there is no .metadata
     _by_name: dict[str, int] | None = field(default=None, repr=False, compare=False)
     _tensor_of_row: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -192,6 +193,7 @@ class TableBuilder:
         self.checkpoint_id: str | None = None
         self.version: str | None = None
         self.modules: tuple[str, ...] = ()
+        self.save_id: str | None = None
         self.rank_local: tuple[str, ...] = ()
         self.planner: dict[str, PlannerPath] = {}
 
@@ -315,6 +317,7 @@ class TableBuilder:
             checkpoint_id=self.checkpoint_id,
             version=self.version,
             modules=self.modules,
+            save_id=self.save_id,
             rank_local=self.rank_local,
         )
 

@@ -31,6 +31,7 @@ from ckpt_tools.errors import CheckpointError
 from ckpt_tools.io.safe_read import read_json_file
 
 SCHEMA_VERSION = 1
+SAVE_ID_KEY = "save_id"  # the save's stamp (ckpt_tools.format.rules.save_stamps.KEY): declared, not an unknown extra
 
 
 class RecordSchema(str, enum.Enum):
@@ -231,7 +232,7 @@ class TrainingStep:
         if step is None:
             raise CheckpointError("training_step.json: 'step' is null")
         schema = RecordSchema.of(data)
-        known = {f.name for f in fields(cls)} | {"effective_batch_size", "num_processes", "parallelism"}
+        known = {f.name for f in fields(cls)} | {"effective_batch_size", "num_processes", "parallelism", SAVE_ID_KEY}
         legacy = _int(data, "num_processes") if "num_processes" in data else None
         topology = _topology(data.get("topology")) if schema is RecordSchema.CKPT_TRAIN else _parallelism(data)
         if schema is RecordSchema.CKPT_TRAIN and "parallelism" in data:
@@ -335,8 +336,12 @@ def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
         raise CheckpointError(f"{p}: {str(e).removeprefix('training_step.json: ')}") from None
 
 
-def training_step_json(record: TrainingStep) -> str:
-    return json.dumps(record.to_dict(), indent=2, sort_keys=False) + "\n"
+def training_step_json(record: TrainingStep, save_id: str | None = None) -> str:
+    """The record as ``ckpt-train`` writes it; ``save_id``: stamped with its save (``format.rules.save_stamps``)."""
+    doc = record.to_dict()
+    if save_id is not None:
+        doc[SAVE_ID_KEY] = save_id
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
 # --- field coercion: a foreign record gets one clear line, never a traceback -----------------

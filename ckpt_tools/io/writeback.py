@@ -19,7 +19,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Callable
 from typing import Any
+
+from ckpt_tools.io import digest
 
 WRITEBACK_EVERY = 32 * 2**20  # bytes written between two writeback starts
 
@@ -51,15 +54,44 @@ class WritebackTracker:
 
 
 class WritebackFile(io.BufferedWriter):
-    """A new file opened for sequential binary writing that starts writeback as it goes."""
+    """A new file opened for sequential binary writing that starts writeback as it goes.
 
-    def __init__(self, path: str | os.PathLike[str], every: int = WRITEBACK_EVERY) -> None:
+    ``on_close(size, digest)``: the file's full digest (:mod:`ckpt_tools.io.digest`), computed
+    from the bytes as they are written, handed over when it is closed - not at all if the
+    writer seeked (the bytes hashed would not be the file's).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        every: int = WRITEBACK_EVERY,
+        on_close: Callable[[int, str], None] | None = None,
+    ) -> None:
         super().__init__(io.FileIO(path, "wb"), buffer_size=2**20)
         self._tracker = WritebackTracker(every=every)
+        self._on_close = on_close
+        self._hash = digest.hasher() if on_close is not None else None
+        self._hashed = 0
 
     def write(self, data: Any) -> int:
+        if self._hash is not None:
+            self._hash.update(data)
         written = super().write(data)
+        self._hashed += written
         if self._tracker.due(written):
             self.flush()  # what is still in our buffer is not the kernel's to write yet
             self._tracker.hand_over(self.fileno())
         return written
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._hash = None  # the bytes in write order may no longer be the file's
+        return super().seek(offset, whence)
+
+    def close(self) -> None:
+        if not self.closed and self._hash is not None and self._on_close is not None:
+            hexdigest, size, report = self._hash.hexdigest(), self._hashed, self._on_close
+            self._on_close = None
+            super().close()
+            report(size, hexdigest)
+            return
+        super().close()

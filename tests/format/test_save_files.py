@@ -72,6 +72,8 @@ def test_a_file_from_another_save_is_refused_by_every_caller(runs: dict[str, Pat
 
     line = save_files.mismatch(step)
     assert line is not None and rel in line, line
+    if "shard" not in what:  # a file that carries its save's id says which save it came from
+        assert "stamped by save" in line, line
     report = inspect_path(step.root)
     assert line in [c.message for c in report.checks if c.failed]
     verdict = verify_resume(step.root)

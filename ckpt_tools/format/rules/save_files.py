@@ -27,6 +27,24 @@ not write is refused - DCP would read it.
 Checkpoints that carry no record (LeRobot's, other producers', this trainer's before the
 record existed) get only the cross-file counter checks of
 :mod:`ckpt_tools.format.rules.consistency`; :func:`describe` says so.
+
+The save id is also stamped into every file whose format has room for it
+(:mod:`ckpt_tools.format.rules.save_stamps`); a recorded file stamped by another save is refused
+here, with its own entry in the same line. The stamps of bulk files are read with their ends.
+
+Schemas of the record:
+
+* 1 - ``{"schema": 1, "save_id", "files": {rel: {"size", "blake2b" | "sampled"}}}``: the size
+  and the BLAKE2b digest of each file (whole, or ``sampled``: of both ends).
+* 2 - the same, plus a full digest of every byte of each file (xxh3-128,
+  :mod:`ckpt_tools.io.digest`), computed as the save wrote it: ``"xxh3_128"`` of the whole file,
+  or ``"xxh3_128_pieces": [[offset, length, digest], ...]`` for a file that many ranks wrote
+  parts of (the gathered ``model.safetensors``: each rank's rows), tiling it in offset order.
+  Neither is read by the checks above, which stay a few reads per bulk file; ``inspect
+  --verify-data`` (:mod:`ckpt_tools.format.rules.save_data`) reads every byte against them. A
+  save made with the digests off (``bin/bench-save``'s comparison) writes entries without them.
+
+Both schemas are read; entries of a schema-1 record simply have no full digest.
 """
 
 from __future__ import annotations
@@ -43,10 +61,15 @@ from typing import Any
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.rules import save_stamps
+from ckpt_tools.io import digest as full_digest
 from ckpt_tools.io.fsutil import atomic_write
 from ckpt_tools.io.safe_read import open_regular, read_json_file
 
-SCHEMA = 1
+SCHEMA = 2
+READABLE = (1, 2)  # the schemas read (module docstring)
+FULL = full_digest.ALGORITHM  # the key of a file's full digest in a schema-2 entry
+PIECES = f"{FULL}_pieces"  # ... and of the digests of its pieces
 EDITABLE = frozenset({f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_MODEL_DIR}/{L.ADAPTER_CONFIG}"})
 # Files up to this size are digested whole, at the save and at every check - on every rank of a
 # resume, before any process group exists: the JSON records, the RNG state, processors, small
@@ -57,11 +80,21 @@ _READ = 4 * 2**20
 LISTED = 3  # mismatches a line names; the rest are counted
 
 
+Piece = tuple[int, int, str]  # offset, length, full digest of those bytes
+
+
 @dataclass(frozen=True)
 class RecordedFile:
     size: int
     blake2b: str  # of the whole file, or (``sampled``) of its first and last SAMPLE bytes
     sampled: bool
+    full: str | None = None  # schema 2: the full digest of every byte (None: not recorded)
+    pieces: tuple[Piece, ...] = ()  # schema 2, instead of ``full``: digests of ranges tiling the file
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether every byte can be checked against the record (``--verify-data``)."""
+        return self.full is not None or bool(self.pieces)
 
 
 @dataclass(frozen=True)
@@ -72,20 +105,32 @@ class SaveFiles:
     files: dict[str, RecordedFile]
 
 
-def record(paths: StepPaths, save_id: str) -> dict[str, Any]:
-    """The record of every file under the step directory now (the commit calls it once the ranks are done)."""
+def record(paths: StepPaths, save_id: str, written: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The record of every file under the step directory now (the commit calls it once the ranks are done).
+
+    ``written``: the full digests the writers computed as they wrote, by relative path
+    (:func:`ckpt_tools.train.checkpoint.written_digests.merged`); a file without one (or whose
+    size changed since) is digested here, from the page cache the save just filled.
+    """
     own = paths.save_files.relative_to(paths.root).as_posix()
+    written = written or {}
     files = {}
     for path in sorted(_files_under(paths.root)):
         rel = path.relative_to(paths.root).as_posix()
         if rel != own:
-            files[rel] = _entry(path)
+            files[rel] = _entry(path, written.get(rel))
     return {"schema": SCHEMA, "save_id": save_id, "files": files}
 
 
-def write_record(paths: StepPaths) -> None:
+def new_save_id() -> str:
+    return uuid.uuid4().hex
+
+
+def write_record(
+    paths: StepPaths, save_id: str | None = None, written: dict[str, dict[str, Any]] | None = None
+) -> None:
     """Write the record of a new save into its (hidden, partial) step directory; the commit's fsyncs make it durable."""
-    paths.save_files.write_bytes(encode(record(paths, uuid.uuid4().hex)))
+    paths.save_files.write_bytes(encode(record(paths, save_id or new_save_id(), written)))
 
 
 def read(paths: StepPaths) -> SaveFiles | None:
@@ -95,8 +140,8 @@ def read(paths: StepPaths) -> SaveFiles | None:
         return None
     doc = read_json_file(path)
     try:
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"not a schema-{SCHEMA} record")
+        if not isinstance(doc, dict) or doc.get("schema") not in READABLE:
+            raise ValueError(f"not a schema-{' or '.join(map(str, READABLE))} record")
         save_id, listed = doc["save_id"], doc["files"]
         if not isinstance(save_id, str) or not isinstance(listed, dict):
             raise ValueError("save_id or files of the wrong type")
@@ -108,10 +153,33 @@ def read(paths: StepPaths) -> SaveFiles | None:
                 raise ValueError(f"entry {rel!r} is not a size and a digest")
             if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
                 raise ValueError(f"entry {rel!r} is not a path inside the step")
-            files[rel] = RecordedFile(size, digest, sampled)
+            files[rel] = RecordedFile(size, digest, sampled, *_full(entry, size))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: not a record of a save's files ({e})") from None
     return SaveFiles(save_id, files)
+
+
+def _full(entry: dict[str, Any], size: int) -> tuple[str | None, tuple[Piece, ...]]:
+    """A schema-2 entry's full digest, or its pieces (which must tile the file); schema 1: neither."""
+    full, listed = entry.get(FULL), entry.get(PIECES)
+    if full is not None and not isinstance(full, str):
+        raise ValueError(f"{FULL} {full!r} is not a digest")
+    if listed is None:
+        return full, ()
+    if not isinstance(listed, list):
+        raise ValueError(f"{PIECES} is not a list")
+    pieces, position = [], 0
+    for piece in listed:
+        offset, length, hexdigest = piece
+        if type(offset) is not int or type(length) is not int or offset != position or length <= 0:
+            raise ValueError(f"{PIECES}: {piece!r} does not continue at byte {position}")
+        if not isinstance(hexdigest, str):
+            raise ValueError(f"{PIECES}: {piece!r} has no digest")
+        pieces.append((offset, length, hexdigest))
+        position += length
+    if position != size:
+        raise ValueError(f"{PIECES} cover {position} bytes of {size}")
+    return full, tuple(pieces)
 
 
 ALL = (0, 1)  # a bulk_share that samples every bulk file
@@ -133,7 +201,7 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
         if recorded.sampled:
             sample = bulk_share is not None and bulk_seen % bulk_share[1] == bulk_share[0]
             bulk_seen += 1
-        out += _differs(paths, rel, recorded, sample)
+        out += _differs(paths, rel, recorded, sample, saved.save_id)
     for directory in (paths.model_dcp, paths.optimizer_dcp):
         if not directory.is_dir():
             continue
@@ -147,7 +215,9 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
 
 def edits(paths: StepPaths, saved: SaveFiles) -> list[str]:
     """The user-editable configs changed since the save (reported, never refused)."""
-    return [rel for rel in sorted(EDITABLE) if rel in saved.files and _differs(paths, rel, saved.files[rel], True)]
+    return [
+        rel for rel in sorted(EDITABLE) if rel in saved.files and _differs(paths, rel, saved.files[rel], True, None)
+    ]
 
 
 def amend(paths: StepPaths, written: list[Path]) -> None:
@@ -163,14 +233,14 @@ def amend(paths: StepPaths, written: list[Path]) -> None:
     except (CheckpointError, OSError, ValueError):
         return
     for path in written:
-        doc["files"][path.relative_to(paths.root).as_posix()] = _entry(path)
+        doc["files"][path.relative_to(paths.root).as_posix()] = _entry(path, None, full=doc.get("schema") != 1)
     with atomic_write(paths.save_files) as handle:
         handle.write(encode(doc))
 
 
-def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool) -> list[str]:
+def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool, save_id: str | None) -> list[str]:
     """One line when the file ``rel`` is not what was recorded (nothing when it is, or is gone);
-    ``digest``: compare the content too, not only the size."""
+    ``digest``: compare the content (and the stamp, against ``save_id``) too, not only the size."""
     path = paths.root / rel
     try:
         st = os.lstat(path)
@@ -180,6 +250,10 @@ def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool) -
         return [f"{rel}: cannot be read ({e.strerror})"]
     if not stat.S_ISREG(st.st_mode):
         return [f"{rel}: no longer a regular file"]
+    if digest and save_id is not None:  # first: "from save X" says more than "another size"
+        stamped = save_stamps.stamped_id(path)
+        if stamped is not None and stamped != save_id:
+            return [save_stamps.problem(rel, stamped, save_id)]
     if st.st_size != recorded.size:
         return [f"{rel}: {st.st_size} bytes, the save wrote {recorded.size}"]
     if digest and _digest(path, st.st_size, recorded.sampled) != recorded.blake2b:
@@ -197,9 +271,17 @@ def describe(saved: SaveFiles | None) -> str:
     if saved is None:
         return "no record of the save's files (not written by ckpt-train): only the counters tie its files together"
     bulk = sum(f.sampled for f in saved.files.values())
+    full = sum(f.verifiable for f in saved.files.values())
+    every_byte = (
+        "every byte digested (inspect --verify-data)"
+        if full == len(saved.files)
+        else f"{full} with a digest of every byte"
+        if full
+        else "no digest of every byte (an older record)"
+    )
     return (
         f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
-        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by size and both ends)"
+        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by size and both ends; {every_byte})"
     )
 
 
@@ -212,11 +294,22 @@ def mismatch(paths: StepPaths, bulk_share: tuple[int, int] | None = ALL) -> str 
     return summary(paths, found) if found else None
 
 
-def _entry(path: Path) -> dict[str, Any]:
-    """One file's line of the record: its size and its digest, whole or of both ends."""
+def _entry(path: Path, written: dict[str, Any] | None, full: bool = True) -> dict[str, Any]:
+    """One file's line of the record: its size, its digest (whole or of both ends) and, ``full``,
+    the full digest of its bytes - the writers' (``written``) when they computed one for this size."""
     size = path.stat().st_size
     sampled = _bulk(path, size)
-    return {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+    entry: dict[str, Any] = {"size": size, "sampled" if sampled else "blake2b": _digest(path, size, sampled)}
+    if not full or not full_digest.enabled():
+        return entry
+    if written is not None and written.get("size") == size and ("whole" in written or "pieces" in written):
+        if "whole" in written:
+            entry[FULL] = written["whole"]
+        else:
+            entry[PIECES] = [list(p) for p in written["pieces"]]
+    else:
+        entry[FULL] = full_digest.of_file(path)[1]
+    return entry
 
 
 def _files_under(root: Path) -> list[Path]:

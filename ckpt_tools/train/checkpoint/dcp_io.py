@@ -21,21 +21,32 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import StorageMeta
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.format.layout import DCP_SHARD_SUFFIX
 from ckpt_tools.io.writeback import WritebackFile
 from ckpt_tools.train.checkpoint import writer_threads
 from ckpt_tools.train.checkpoint.audit import CountingReader
 from ckpt_tools.train.checkpoint.safe_dcp import SafeLoadPlanner, directory_torch_metadata
 from ckpt_tools.train.checkpoint.save_index import write_save_index
+from ckpt_tools.train.checkpoint.written_digests import WrittenDigests
 
 # ====================================================================== save
 
 
-def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
+def dcp_save(
+    state: dict[str, Any],
+    directory: Path,
+    group: Any,
+    written: WrittenDigests | None = None,
+    save_id: str | None = None,
+) -> None:
     """``dcp.save`` into ``directory``: no per-chunk CRC32, cached plans, a writer thread per free
     core, disk writeback started as the shard file grows (:class:`WritebackFileSystemWriter`);
     then the coordinator indexes it (``.metadata.index``, :mod:`~ckpt_tools.train.checkpoint.save_index`).
+    Each shard file's full digest goes into ``written`` as it is written; ``save_id`` is stamped
+    into ``.metadata`` (``storage_meta.save_id``).
 
     Each DCP chunk is a ``torch.save`` zip record; computing its CRC32 costs a large share of
     the save on CPU, and nothing ever verifies it on load (torch, accelerate and our reader
@@ -52,7 +63,7 @@ def dcp_save(state: dict[str, Any], directory: Path, group: Any) -> None:
     previous = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
-        writer = WritebackFileSystemWriter(directory, thread_count=writer_threads_per_rank())
+        writer = WritebackFileSystemWriter(directory, writer_threads_per_rank(), written, save_id)
         with writer_threads.watched():  # torch drops its writer threads' failures
             metadata = dcp.save(state, storage_writer=writer, planner=CachedPlanSavePlanner(key), process_group=group)
     finally:
@@ -83,7 +94,15 @@ def writer_threads_per_rank() -> int:
 
 
 class WritebackFileSystem(FileSystem):
-    """torch's local file system for DCP, whose new files start their disk writeback as they grow."""
+    """torch's local file system for DCP, whose new files start their disk writeback as they grow.
+
+    With ``written``, each shard file reports its full digest there as it is closed (the
+    ``.metadata`` torch writes under a temporary name is digested by the commit).
+    """
+
+    def __init__(self, written: WrittenDigests | None = None) -> None:
+        super().__init__()
+        self.written = written if written is not None and written.enabled else None
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
@@ -91,7 +110,14 @@ class WritebackFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with WritebackFile(path) as stream:
+        on_close = None
+        if self.written is not None and str(path).endswith(DCP_SHARD_SUFFIX):
+            log = self.written
+
+            def on_close(size: int, hexdigest: str) -> None:
+                log.whole(path, size, hexdigest)
+
+        with WritebackFile(path, on_close=on_close) as stream:
             yield cast(io.IOBase, stream)
 
 
@@ -104,9 +130,19 @@ class WritebackFileSystemWriter(dcp.FileSystemWriter):
     and the fsync of each are those of the plain writer.
     """
 
-    def __init__(self, path: Path, thread_count: int) -> None:
+    def __init__(
+        self, path: Path, thread_count: int, written: WrittenDigests | None = None, save_id: str | None = None
+    ) -> None:
         super().__init__(path, thread_count=thread_count)
-        self.fs = WritebackFileSystem()
+        self.fs = WritebackFileSystem(written)
+        self.stamp = save_id
+
+    def storage_meta(self) -> StorageMeta | None:
+        """torch's, with the checkpoint's save id as ``save_id`` (torch makes up one per ``dcp.save``)."""
+        meta = super().storage_meta()
+        if meta is not None and self.stamp is not None:
+            meta.save_id = self.stamp
+        return meta
 
 
 class CachedPlanSavePlanner(DefaultSavePlanner):

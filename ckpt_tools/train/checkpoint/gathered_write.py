@@ -11,6 +11,10 @@ no network - the same shared-directory assumption DCP itself makes.
 The file lives inside the checkpoint's hidden partial directory, so it is invisible until
 the whole checkpoint is committed. Every rank that wrote rows fsyncs it before the closing
 barrier: on a file system shared between nodes a rank can only make its own pages durable.
+
+Each range a rank writes (the header, its rows of a tensor, a whole tensor) is digested from
+the very buffer it ``pwrite``s (:class:`~ckpt_tools.train.checkpoint.written_digests.WrittenDigests`):
+no rank sees the whole file, so the record keeps one digest per range.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ckpt_tools.errors import CheckpointError, WriteError
+from ckpt_tools.io import digest
 from ckpt_tools.io.fsutil import FILE_MODE
 from ckpt_tools.st.writer import build_header, describe_os_error
+from ckpt_tools.train.checkpoint.written_digests import WrittenDigests
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.safetensors_io import as_bytes, tensor_to_write
@@ -68,9 +74,16 @@ def dim0_sharded(tensor: torch.Tensor) -> bool:
 
 
 def write_gathered(
-    state: dict[str, Any], path: Path, writer: RowWriter, barrier: Callable[[], None], metadata: dict[str, str]
+    state: dict[str, Any],
+    path: Path,
+    writer: RowWriter,
+    barrier: Callable[[], None],
+    metadata: dict[str, str],
+    written: WrittenDigests | None = None,
 ) -> None:
-    """Collective: ``state`` (DTensor shards and plain tensors) as one safetensors file at ``path``."""
+    """Collective: ``state`` (DTensor shards and plain tensors) as one safetensors file at ``path``;
+    each range this rank writes gets its digest in ``written``."""
+    ranges = _Ranges(path, written)
     specs = [tensor_to_write(name, t) for name, t in state.items()]
     header = build_header(specs, metadata)
     offsets, position = [], len(header)
@@ -79,11 +92,12 @@ def write_gathered(
         position += spec.nbytes
     if writer.is_main:
         _create(path, header, position)
+        ranges.add(memoryview(header), 0)
     barrier()
     fd = os.open(path, os.O_WRONLY)
     try:
         for (name, tensor), offset in zip(state.items(), offsets, strict=True):
-            _write_tensor(fd, path, name, tensor, offset, writer)
+            _write_tensor(fd, path, name, tensor, offset, writer, ranges)
         if writer.writes_shards or writer.is_main:
             os.fsync(fd)  # this rank's pages: on a shared file system no other rank can flush them
     except OSError as e:
@@ -105,7 +119,21 @@ def _create(path: Path, header: bytes, size: int) -> None:
         raise WriteError(describe_os_error(path, e)) from None
 
 
-def _write_tensor(fd: int, path: Path, name: str, tensor: torch.Tensor, offset: int, writer: RowWriter) -> None:
+class _Ranges:
+    """Digests of the ranges this rank writes, reported into ``written`` (nothing without it)."""
+
+    def __init__(self, path: Path, written: WrittenDigests | None) -> None:
+        self.path = path
+        self.written = written if written is not None and written.enabled else None
+
+    def add(self, data: memoryview, offset: int) -> None:
+        if self.written is not None and data.nbytes:
+            self.written.piece(self.path, offset, data.nbytes, digest.of_bytes(data))
+
+
+def _write_tensor(
+    fd: int, path: Path, name: str, tensor: torch.Tensor, offset: int, writer: RowWriter, ranges: _Ranges
+) -> None:
     if dim0_sharded(tensor):
         if not writer.writes_shards:
             return
@@ -116,18 +144,23 @@ def _write_tensor(fd: int, path: Path, name: str, tensor: torch.Tensor, offset: 
         if local.shape[0] != min(per_rank, rows - start):
             raise CheckpointError(f"{name}: local shard of {local.shape[0]} rows does not match FSDP's placement")
         row_bytes = (tensor.numel() // rows if rows else 0) * tensor.element_size()
-        _pwrite_all(fd, as_bytes(local), offset + start * row_bytes)
+        _write_range(fd, as_bytes(local), offset + start * row_bytes, ranges)
         return
     if isinstance(tensor, DTensor) and not all(isinstance(p, Replicate) for p in tensor.placements):
         if writer.background:  # the training mesh's collectives belong to the loop's thread
             raise CheckpointError(f"{name}: --checkpoint_async saves dim-0 sharded tensors only ({tensor.placements})")
         full = tensor.full_tensor()  # another layout: torch's own all-gather
         if writer.is_main:
-            _pwrite_all(fd, as_bytes(full), offset)
+            _write_range(fd, as_bytes(full), offset, ranges)
         return
     if writer.is_main:
         whole = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        _pwrite_all(fd, as_bytes(whole), offset)
+        _write_range(fd, as_bytes(whole), offset, ranges)
+
+
+def _write_range(fd: int, data: memoryview, offset: int, ranges: _Ranges) -> None:
+    ranges.add(data, offset)
+    _pwrite_all(fd, data, offset)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

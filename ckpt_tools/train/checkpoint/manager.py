@@ -27,6 +27,7 @@ from ckpt_tools import __version__
 from ckpt_tools.errors import CheckpointError, CkptError, NonFiniteError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.train.checkpoint import finite, rng, state_dicts
 from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
@@ -203,6 +204,7 @@ class CheckpointManager:
             scaler_state=s.scaler.state_dict() if s.scaler is not None else None,
             processors=(s.preprocessor, s.postprocessor),
             adapter_config=s.peft_model.peft_config["default"] if peft else None,
+            save_id=_shared_save_id(s.env),
         )
         if s.env.is_main:
             prepare_partial(job)
@@ -271,6 +273,14 @@ class CheckpointManager:
     def load(self, step_dir: Path) -> ResumeReport:
         """Collective: restore everything from ``step_dir`` onto the current topology."""
         return load_checkpoint(self.state, step_dir, self._peft_trainable())
+
+
+def _shared_save_id(env: DistEnv) -> str:
+    """Collective: a new save id, the main rank's, on every rank (each file is stamped with it)."""
+    ids = [save_files.new_save_id()]
+    if env.distributed:
+        dist.broadcast_object_list(ids, src=0)
+    return ids[0]
 
 
 def _gather_ints(env: DistEnv, value: int | None) -> list[int | None]:

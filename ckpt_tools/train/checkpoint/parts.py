@@ -27,12 +27,13 @@ from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, training_step_json
-from ckpt_tools.format.rules import master_copy_problem, unresumable_reason
+from ckpt_tools.format.rules import master_copy_problem, save_stamps, unresumable_reason
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.dcp_io import dcp_load, dcp_save
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter, write_gathered
+from ckpt_tools.train.checkpoint.written_digests import WrittenDigests
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.precision import dtype_name
@@ -43,9 +44,15 @@ from ckpt_tools.train.policies.configs import PolicyConfig
 # ====================================================================== weights: DCP shards
 
 
-def save_model_dcp(model: dict[str, Any], paths: StepPaths, group: Any) -> None:
-    """Collective: each rank writes its own shards of ``pytorch_model_fsdp_0/``."""
-    dcp_save({layout.MODEL_DCP_KEY: model}, paths.model_dcp, group)
+def save_model_dcp(
+    model: dict[str, Any],
+    paths: StepPaths,
+    group: Any,
+    written: WrittenDigests | None = None,
+    save_id: str | None = None,
+) -> None:
+    """Collective: each rank writes its own shards of ``pytorch_model_fsdp_0/`` (digests into ``written``)."""
+    dcp_save({layout.MODEL_DCP_KEY: model}, paths.model_dcp, group, written, save_id)
 
 
 def load_model_dcp(parallel: ParallelModel, paths: StepPaths, trainable: set[str] | None) -> dict[str, int]:
@@ -63,11 +70,17 @@ def load_model_dcp(parallel: ParallelModel, paths: StepPaths, trainable: set[str
 
 
 def save_gathered_weights(
-    model: dict[str, Any], path: Path, peft: bool, rows: RowWriter, barrier: Callable[[], None]
+    model: dict[str, Any],
+    path: Path,
+    peft: bool,
+    rows: RowWriter,
+    barrier: Callable[[], None],
+    written: WrittenDigests | None = None,
+    save_id: str | None = None,
 ) -> None:
     """Collective: ``model.safetensors`` (PEFT: ``adapter_model.safetensors``, under peft's saved names)."""
     gathered = {saved_adapter_key(k) if peft else k: v for k, v in model.items()}
-    write_gathered(gathered, path, rows, barrier, {"format": "pt"})
+    write_gathered(gathered, path, rows, barrier, {"format": "pt", **_stamp(save_id)}, written)
 
 
 def load_gathered_weights(parallel: ParallelModel, path: Path, trainable: set[str] | None) -> str | None:
@@ -100,9 +113,15 @@ def peft_keys_to_model_keys(adapter: dict[str, torch.Tensor], model_keys: set[st
 # ====================================================================== optimizer: DCP shards
 
 
-def save_optimizer_dcp(optimizer_state: dict[str, Any], paths: StepPaths, group: Any) -> None:
-    """Collective: each rank writes its own shards of ``optimizer_0/``."""
-    dcp_save({layout.OPTIMIZER_DCP_KEY: optimizer_state}, paths.optimizer_dcp, group)
+def save_optimizer_dcp(
+    optimizer_state: dict[str, Any],
+    paths: StepPaths,
+    group: Any,
+    written: WrittenDigests | None = None,
+    save_id: str | None = None,
+) -> None:
+    """Collective: each rank writes its own shards of ``optimizer_0/`` (digests into ``written``)."""
+    dcp_save({layout.OPTIMIZER_DCP_KEY: optimizer_state}, paths.optimizer_dcp, group, written, save_id)
 
 
 def load_optimizer_dcp(parallel: ParallelModel, optimizer: torch.optim.Optimizer, paths: StepPaths) -> dict[str, int]:
@@ -116,9 +135,11 @@ def load_optimizer_dcp(parallel: ParallelModel, optimizer: torch.optim.Optimizer
 # ====================================================================== optimizer: flat files
 
 
-def save_flat_optimizer(optimizer_state: dict[str, Any], paths: StepPaths) -> None:
+def save_flat_optimizer(optimizer_state: dict[str, Any], paths: StepPaths, save_id: str | None = None) -> None:
     """Main rank (a non-sharded run): ``optimizer_state.safetensors`` + ``optimizer_param_groups.json``."""
-    state_dicts.write_flat_optimizer(optimizer_state, paths.optimizer_state, paths.optimizer_param_groups)
+    state_dicts.write_flat_optimizer(
+        optimizer_state, paths.optimizer_state, paths.optimizer_param_groups, _stamp(save_id)
+    )
 
 
 def load_flat_optimizer(parallel: ParallelModel, optimizer: torch.optim.Optimizer, paths: StepPaths) -> None:
@@ -129,9 +150,11 @@ def load_flat_optimizer(parallel: ParallelModel, optimizer: torch.optim.Optimize
 # ====================================================================== RNG state
 
 
-def save_rng_state(states: dict[str, torch.Tensor], paths: StepPaths, world_size: int) -> None:
+def save_rng_state(
+    states: dict[str, torch.Tensor], paths: StepPaths, world_size: int, save_id: str | None = None
+) -> None:
     """Main rank: every rank's generator state (gathered at capture) in ``rng_state.safetensors``."""
-    rng.save_rng_states(states, paths.rng_state, world_size)
+    rng.save_rng_states(states, paths.rng_state, world_size, _stamp(save_id))
 
 
 def load_rng_state(paths: StepPaths, env: DistEnv) -> None:
@@ -142,19 +165,20 @@ def load_rng_state(paths: StepPaths, env: DistEnv) -> None:
 # ====================================================================== LR scheduler
 
 
-def save_scheduler_state(state: dict[str, Any], paths: StepPaths) -> None:
-    write_json_atomic(paths.scheduler_state, state)
+def save_scheduler_state(state: dict[str, Any], paths: StepPaths, save_id: str | None = None) -> None:
+    write_json_atomic(paths.scheduler_state, {**state, **_stamp(save_id)})
 
 
 def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, paths: StepPaths) -> None:
-    scheduler.load_state_dict(read_json_file(paths.scheduler_state, want_object=True))
+    """The saved state without the save's stamp (``load_state_dict`` would make it an attribute)."""
+    scheduler.load_state_dict(_unstamped(read_json_file(paths.scheduler_state, want_object=True)))
 
 
 # ====================================================================== fp16 loss scaler
 
 
-def save_scaler_state(state: dict[str, Any], paths: StepPaths) -> None:
-    write_json_atomic(paths.scaler_state, state)
+def save_scaler_state(state: dict[str, Any], paths: StepPaths, save_id: str | None = None) -> None:
+    write_json_atomic(paths.scaler_state, {**state, **_stamp(save_id)})
 
 
 def load_scaler_state(scaler: Any, paths: StepPaths) -> None:
@@ -162,15 +186,15 @@ def load_scaler_state(scaler: Any, paths: StepPaths) -> None:
         raise CheckpointError(
             f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
         )
-    scaler.load_state_dict(read_json_file(paths.scaler_state, want_object=True))
+    scaler.load_state_dict(_unstamped(read_json_file(paths.scaler_state, want_object=True)))
 
 
 # ====================================================================== the record
 
 
-def save_training_step(record: TrainingStep, paths: StepPaths) -> None:
+def save_training_step(record: TrainingStep, paths: StepPaths, save_id: str | None = None) -> None:
     """Written last: a ``training_step.json`` means everything it describes is there."""
-    paths.training_step.write_text(training_step_json(record))
+    paths.training_step.write_text(training_step_json(record, save_id))
 
 
 def load_training_step(paths: StepPaths) -> TrainingStep:
@@ -212,6 +236,18 @@ def save_adapter_config(adapter_config: Any, paths: StepPaths) -> None:
 def save_processors(processors: tuple[Pipeline, Pipeline], paths: StepPaths) -> None:
     for pipeline in processors:
         pipeline.save(paths.pretrained_model)
+
+
+# ====================================================================== the save's stamp
+
+
+def _stamp(save_id: str | None) -> dict[str, str]:
+    """The entry that stamps a file with its save's id (:mod:`~ckpt_tools.format.rules.save_stamps`)."""
+    return {save_stamps.KEY: save_id} if save_id is not None else {}
+
+
+def _unstamped(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != save_stamps.KEY}
 
 
 # ====================================================================== reading helpers

@@ -71,8 +71,10 @@ def gather_rng_states(env: DistEnv) -> dict[str, torch.Tensor] | None:
     return out
 
 
-def save_rng_states(states: dict[str, torch.Tensor], path: Path, world_size: int) -> None:
-    save_state_dict(states, path, metadata={"world_size": str(world_size)})
+def save_rng_states(
+    states: dict[str, torch.Tensor], path: Path, world_size: int, stamp: dict[str, str] | None = None
+) -> None:
+    save_state_dict(states, path, metadata={"world_size": str(world_size), **(stamp or {})})
 
 
 def load_rng_states(path: Path, env: DistEnv) -> None:

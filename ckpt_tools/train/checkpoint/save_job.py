@@ -37,6 +37,7 @@ from ckpt_tools.st.writer import describe_os_error
 from ckpt_tools.train.checkpoint import parts
 from ckpt_tools.train.checkpoint.dcp_io import os_error_in
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter
+from ckpt_tools.train.checkpoint.written_digests import WrittenDigests, merged
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.parallel.distributed import DistEnv, collective_timeout
 from ckpt_tools.train.parallel.wrap import ParallelModel
@@ -82,6 +83,7 @@ class SaveJob:
     processors: tuple[Pipeline, Pipeline]
     adapter_config: Any = None  # peft config, saved as adapter_config.json
     timings: dict[str, float] = field(default_factory=dict)
+    save_id: str | None = None  # the same on every rank (the capture shares it); None: the commit makes one up
 
     @property
     def partial(self) -> Path:
@@ -128,43 +130,54 @@ class SaveJob:
     def _run(self, groups: SaveGroups) -> Path:
         paths = StepPaths(self.partial)
         clock = PhaseClock(self.timings)
-        writers = self._writers(paths, groups)
+        written = WrittenDigests(self.partial)
+        writers = self._writers(paths, groups, written)
         todo = [writers[part.key] for part in manifest.written_parts(self.variant)]
         for phase, phase_writers in itertools.groupby(todo, key=lambda w: w.phase):
             for writer in phase_writers:
                 writer.run(self.env)
             if phase == SIDECARS:
+                written.dump(self.env.rank)  # before the barrier: the commit merges every rank's
                 groups.barrier(self.env)
             clock.lap(phase)
         if self.env.is_main:
-            commit(self.partial, self.final, self.root)
+            commit(self.partial, self.final, self.root, self.save_id)
         groups.barrier(self.env)
         clock.lap("commit")
         return self.final
 
-    def _writers(self, paths: StepPaths, groups: SaveGroups) -> dict[str, PartWriter]:
-        """How each part of the manifest is written, keyed by ``Part.key`` (the manifest says which are)."""
+    def _writers(self, paths: StepPaths, groups: SaveGroups, written: WrittenDigests) -> dict[str, PartWriter]:
+        """How each part of the manifest is written, keyed by ``Part.key`` (the manifest says which are).
+
+        The bulk writers digest what they write into ``written``; every file that can carry it
+        is stamped with the save id.
+        """
+        save_id = self.save_id
 
         def barrier() -> None:
             groups.barrier(self.env)
 
         def gathered(path: Path, peft: bool) -> Callable[[], None]:
-            return lambda: parts.save_gathered_weights(self.model, path, peft, groups.rows, barrier)
+            return lambda: parts.save_gathered_weights(self.model, path, peft, groups.rows, barrier, written, save_id)
 
         return {
             manifest.MODEL_DCP.key: PartWriter(
-                "model_dcp", True, lambda: parts.save_model_dcp(self.model, paths, groups.world)
+                "model_dcp", True, lambda: parts.save_model_dcp(self.model, paths, groups.world, written, save_id)
             ),
             manifest.MODEL_WEIGHTS.key: PartWriter("gathered", True, gathered(paths.model_weights, False)),
             manifest.ADAPTER_WEIGHTS.key: PartWriter("gathered", True, gathered(paths.adapter_weights, True)),
             manifest.OPTIMIZER_DCP.key: PartWriter(
-                "optimizer", True, lambda: parts.save_optimizer_dcp(self.optimizer, paths, groups.world)
+                "optimizer",
+                True,
+                lambda: parts.save_optimizer_dcp(self.optimizer, paths, groups.world, written, save_id),
             ),
             manifest.FLAT_OPTIMIZER.key: PartWriter(
-                "optimizer", False, lambda: parts.save_flat_optimizer(self.optimizer, paths)
+                "optimizer", False, lambda: parts.save_flat_optimizer(self.optimizer, paths, save_id)
             ),
             manifest.RNG_STATE.key: PartWriter(
-                SIDECARS, False, lambda: parts.save_rng_state(_given(self.rng_states), paths, self.env.world_size)
+                SIDECARS,
+                False,
+                lambda: parts.save_rng_state(_given(self.rng_states), paths, self.env.world_size, save_id),
             ),
             manifest.POLICY_CONFIG.key: PartWriter(
                 SIDECARS, False, lambda: parts.save_policy_config(self.policy_config, paths)
@@ -177,13 +190,13 @@ class SaveJob:
             ),
             manifest.PROCESSORS.key: PartWriter(SIDECARS, False, lambda: parts.save_processors(self.processors, paths)),
             manifest.SCHEDULER_STATE.key: PartWriter(
-                SIDECARS, False, lambda: parts.save_scheduler_state(self.scheduler_state, paths)
+                SIDECARS, False, lambda: parts.save_scheduler_state(self.scheduler_state, paths, save_id)
             ),
             manifest.SCALER_STATE.key: PartWriter(
-                SIDECARS, False, lambda: parts.save_scaler_state(_given(self.scaler_state), paths)
+                SIDECARS, False, lambda: parts.save_scaler_state(_given(self.scaler_state), paths, save_id)
             ),
             manifest.TRAINING_STEP.key: PartWriter(
-                SIDECARS, False, lambda: parts.save_training_step(self.record, paths)
+                SIDECARS, False, lambda: parts.save_training_step(self.record, paths, save_id)
             ),
         }
 
@@ -346,14 +359,15 @@ def prepare_partial(job: SaveJob) -> None:
         raise WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, e)}") from None
 
 
-def commit(partial: Path, final: Path, root: Path) -> None:
+def commit(partial: Path, final: Path, root: Path, save_id: str | None = None) -> None:
     """Main rank: record the save's files, make the partial save durable, rename it into place, then move ``last``.
 
     Every rank's files are complete (the closing barrier): the record lists them all, so a file
-    that later arrives from another save is told apart (:mod:`ckpt_tools.format.rules.save_files`).
+    that later arrives from another save is told apart (:mod:`ckpt_tools.format.rules.save_files`),
+    with the full digests every rank computed as it wrote (:mod:`.written_digests`).
     """
     paths = StepPaths(partial)
-    save_files.write_record(paths)  # fsynced below
+    save_files.write_record(paths, save_id, merged(partial))  # fsynced below
     fsync_tree(partial, already_synced=synced_by_their_writers)
     if final.exists():
         # Re-saving a step (a resume into the same output dir): swap the old one out first.

@@ -122,14 +122,16 @@ def adam_step(optimizer: torch.optim.Optimizer) -> int | None:
     return int(max(steps)) if steps else None
 
 
-def write_flat_optimizer(osd: dict[str, Any], tensors_path: Path, groups_path: Path) -> None:
+def write_flat_optimizer(
+    osd: dict[str, Any], tensors_path: Path, groups_path: Path, stamp: dict[str, str] | None = None
+) -> None:
     """Non-sharded runs: LeRobot's two files (:mod:`ckpt_tools.format.param_groups`), names in the metadata.
 
     ``osd`` is ``get_optimizer_state_dict`` output, keyed by parameter name; the names by
     position travel in the safetensors metadata, so the state also loads into a sharded run.
     """
     groups, tensors, metadata = flat_optimizer_files(osd["param_groups"], osd["state"])
-    save_state_dict(tensors, tensors_path, metadata=metadata)
+    save_state_dict(tensors, tensors_path, metadata={**metadata, **(stamp or {})})
     write_json_atomic(groups_path, groups)
 
 

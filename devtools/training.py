@@ -225,6 +225,14 @@ _SAME_DCP = ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_
 _SAME_JSON = ("training_state/scheduler_state.json",)
 
 
+def unstamped_json(path: Path) -> Any:
+    """A JSON record the trainer wrote, without the id of the save that wrote it (which differs per save)."""
+    from ckpt_tools.format.rules.save_stamps import KEY
+
+    doc = json.loads(path.read_text())
+    return {k: v for k, v in doc.items() if k != KEY} if isinstance(doc, dict) else doc
+
+
 def state_differences(step: Path, reference: Path, tmp: Path) -> list[str]:
     """Where the training state saved in ``step`` differs from ``reference`` (empty: bit-identical)."""
     import torch
@@ -256,7 +264,7 @@ def state_differences(step: Path, reference: Path, tmp: Path) -> list[str]:
             theirs.mkdir(parents=True, exist_ok=True)
             compare(rel, flat_tree(dcp_to_dict(step / rel, mine)), flat_tree(dcp_to_dict(reference / rel, theirs)))
     for rel in _SAME_JSON:
-        if (step / rel).read_text() != (reference / rel).read_text():
+        if unstamped_json(step / rel) != unstamped_json(reference / rel):
             problems.append(f"{rel} differs")
     rng = "training_state/rng_state.safetensors"
     generators = [

@@ -91,6 +91,7 @@ def index_bytes(table: ChunkTable, binding: Binding) -> bytes:
         "checkpoint_id": table.checkpoint_id,
         "version": table.version,
         "modules": list(table.modules),
+        "save_id": table.save_id,
         "rank_local": list(table.rank_local),
         "width": table.width,
         "columns": columns,
@@ -238,6 +239,7 @@ def _read(data: memoryview, what: str) -> tuple[ChunkTable, Binding]:
         checkpoint_id=_optional_string(header.get("checkpoint_id")),
         version=_optional_string(header.get("version")),
         modules=tuple(_strings(header.get("modules", []), "modules")),
+        save_id=_optional_string(header.get("save_id")),
         rank_local=tuple(_strings(header.get("rank_local", []), "rank_local")),
     )
     return table, binding

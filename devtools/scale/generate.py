@@ -115,7 +115,7 @@ def _generate(recipe: Recipe, out: Path, checkpoints: Path, name: str, started: 
     record = runs.training_step(recipe.world, recipe.run, runs.dataset_size(recipe.run.dataset_root), cfg.seed)
     write_training_state(training, record, optimizer_state.scheduler, cfg.seed)
     steps = layout.StepPaths(partial)  # the record of the save's files, as the trainer's commit writes it
-    save_files.write_record(steps)
+    save_files.write_record(steps, full=False)  # no full digests: they would read every sparse byte
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)

@@ -15,6 +15,7 @@ from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.train.checkpoint import parts
 from ckpt_tools.train.checkpoint.save_job import SaveJob
+from ckpt_tools.train.checkpoint.written_digests import WrittenDigests
 from devtools.training import LEGACY_CHECKPOINT
 
 
@@ -28,7 +29,7 @@ def step_paths(tmp_path: Path) -> StepPaths:
 def test_every_part_of_the_manifest_has_a_writer(tmp_path: Path) -> None:
     record = TrainingStep(step=1)
     job = SaveJob(1, tmp_path, "000001", None, {}, {}, None, record, None, {}, {}, None, ())  # type: ignore[arg-type]
-    writers = job._writers(StepPaths(tmp_path), None)  # type: ignore[arg-type]  # built, never run
+    writers = job._writers(StepPaths(tmp_path), None, WrittenDigests(tmp_path))  # type: ignore[arg-type]  # never run
     assert set(writers) == {part.key for part in manifest.PARTS}
 
 
@@ -43,10 +44,11 @@ def test_scheduler_state_round_trip(tmp_path: Path) -> None:
     for _ in range(3):
         saved.optimizer.step()
         saved.step()
-    parts.save_scheduler_state(saved.state_dict(), paths)
+    parts.save_scheduler_state(saved.state_dict(), paths, save_id="5f0c")  # stamped with its save
     restored = scheduler()
     parts.load_scheduler_state(restored, paths)
     assert restored.last_epoch == 3 and restored.get_last_lr() == saved.get_last_lr()
+    assert not hasattr(restored, "save_id")  # the stamp is the file's, not the scheduler's
 
 
 def test_scaler_state_round_trip_and_a_missing_one(tmp_path: Path) -> None:

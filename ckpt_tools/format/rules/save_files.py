@@ -105,12 +105,15 @@ class SaveFiles:
     files: dict[str, RecordedFile]
 
 
-def record(paths: StepPaths, save_id: str, written: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def record(
+    paths: StepPaths, save_id: str, written: dict[str, dict[str, Any]] | None = None, full: bool = True
+) -> dict[str, Any]:
     """The record of every file under the step directory now (the commit calls it once the ranks are done).
 
     ``written``: the full digests the writers computed as they wrote, by relative path
     (:func:`ckpt_tools.train.checkpoint.written_digests.merged`); a file without one (or whose
-    size changed since) is digested here, from the page cache the save just filled.
+    size changed since) is digested here, from the page cache the save just filled. ``full``
+    false: no full digests at all (the scale generator's sparse terabytes).
     """
     own = paths.save_files.relative_to(paths.root).as_posix()
     written = written or {}
@@ -118,7 +121,7 @@ def record(paths: StepPaths, save_id: str, written: dict[str, dict[str, Any]] | 
     for path in sorted(_files_under(paths.root)):
         rel = path.relative_to(paths.root).as_posix()
         if rel != own:
-            files[rel] = _entry(path, written.get(rel))
+            files[rel] = _entry(path, written.get(rel), full)
     return {"schema": SCHEMA, "save_id": save_id, "files": files}
 
 
@@ -127,10 +130,13 @@ def new_save_id() -> str:
 
 
 def write_record(
-    paths: StepPaths, save_id: str | None = None, written: dict[str, dict[str, Any]] | None = None
+    paths: StepPaths,
+    save_id: str | None = None,
+    written: dict[str, dict[str, Any]] | None = None,
+    full: bool = True,
 ) -> None:
     """Write the record of a new save into its (hidden, partial) step directory; the commit's fsyncs make it durable."""
-    paths.save_files.write_bytes(encode(record(paths, save_id or new_save_id(), written)))
+    paths.save_files.write_bytes(encode(record(paths, save_id or new_save_id(), written, full)))
 
 
 def read(paths: StepPaths) -> SaveFiles | None:

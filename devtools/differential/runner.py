@@ -70,6 +70,9 @@ class Proc:
 
     def line(self) -> str:
         """The line that says why: the last ``error:`` line, else the last line of stderr or stdout."""
+        raised = worker_tracebacks(self.stderr) or worker_tracebacks(self.stdout)
+        if raised:
+            return oracles.describe(raised[0])
         lines = [ln.strip() for ln in (self.stderr + "\n" + self.stdout).splitlines() if ln.strip()]
         errors = [ln for ln in lines if "error:" in ln]
         return oracles.describe((errors or lines or [""])[-1])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,26 +57,29 @@ class WritebackTracker:
 class WritebackFile(io.BufferedWriter):
     """A new file opened for sequential binary writing that starts writeback as it goes.
 
-    ``on_close(size, digest)``: the file's full digest (:mod:`ckpt_tools.io.digest`), computed
-    from the bytes as they are written, handed over when it is closed - not at all if the
-    writer seeked (the bytes hashed would not be the file's).
+    ``on_close(size, digest, seconds)``: the file's full digest (:mod:`ckpt_tools.io.digest`),
+    computed from the bytes as they are written, handed over when it is closed with the seconds
+    spent computing it - not at all if the writer seeked (the bytes hashed would not be the file's).
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         every: int = WRITEBACK_EVERY,
-        on_close: Callable[[int, str], None] | None = None,
+        on_close: Callable[[int, str, float], None] | None = None,
     ) -> None:
         super().__init__(io.FileIO(path, "wb"), buffer_size=2**20)
         self._tracker = WritebackTracker(every=every)
         self._on_close = on_close
         self._hash = digest.hasher() if on_close is not None else None
         self._hashed = 0
+        self._hash_s = 0.0
 
     def write(self, data: Any) -> int:
         if self._hash is not None:
+            started = time.perf_counter()
             self._hash.update(data)
+            self._hash_s += time.perf_counter() - started
         written = super().write(data)
         self._hashed += written
         if self._tracker.due(written):
@@ -92,6 +96,6 @@ class WritebackFile(io.BufferedWriter):
             hexdigest, size, report = self._hash.hexdigest(), self._hashed, self._on_close
             self._on_close = None
             super().close()
-            report(size, hexdigest)
+            report(size, hexdigest, self._hash_s)
             return
         super().close()

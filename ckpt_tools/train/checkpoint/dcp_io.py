@@ -114,8 +114,8 @@ class WritebackFileSystem(FileSystem):
         if self.written is not None and str(path).endswith(DCP_SHARD_SUFFIX):
             log = self.written
 
-            def on_close(size: int, hexdigest: str) -> None:
-                log.whole(path, size, hexdigest)
+            def on_close(size: int, hexdigest: str, seconds: float) -> None:
+                log.whole(path, size, hexdigest, seconds)
 
         with WritebackFile(path, on_close=on_close) as stream:
             yield cast(io.IOBase, stream)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,9 @@ class _Ranges:
 
     def add(self, data: memoryview, offset: int) -> None:
         if self.written is not None and data.nbytes:
-            self.written.piece(self.path, offset, data.nbytes, digest.of_bytes(data))
+            started = time.perf_counter()
+            hexdigest = digest.of_bytes(data)
+            self.written.piece(self.path, offset, data.nbytes, hexdigest, time.perf_counter() - started)
 
 
 def _write_tensor(

@@ -107,7 +107,8 @@ class SaveJob:
     def run(self, groups: SaveGroups) -> Path:
         """Collective over ``groups``: write everything into the partial dir, then commit.
 
-        ``timings`` records how long each phase took on this rank (the benchmarks read them).
+        ``timings`` records how long each phase took on this rank (the benchmarks read them), and
+        how much of it went into the full digests of what it wrote (``digests``).
         A write that fails (full disk, file-size limit, permissions) is one :class:`WriteError`;
         the partial directory stays hidden and ``last`` unmoved.
         """
@@ -138,6 +139,7 @@ class SaveJob:
                 writer.run(self.env)
             if phase == SIDECARS:
                 written.dump(self.env.rank)  # before the barrier: the commit merges every rank's
+                self.timings[DIGESTS] = round(written.seconds, 4)
                 groups.barrier(self.env)
             clock.lap(phase)
         if self.env.is_main:
@@ -202,6 +204,7 @@ class SaveJob:
 
 
 SIDECARS = "sidecars"  # the phase of the main rank's small files; the barrier after it ends the writing
+DIGESTS = "digests"  # in ``timings``: seconds of the writing phases this rank spent on full digests (not a phase)
 
 
 @dataclass(frozen=True)

@@ -35,17 +35,22 @@ class WrittenDigests:
         self._lock = threading.Lock()
         self._whole: dict[str, list[Any]] = {}
         self._pieces: dict[str, list[list[Any]]] = {}
+        self.seconds = 0.0  # spent computing the digests (summed over threads; bin/bench-save reports it)
 
-    def whole(self, path: str | os.PathLike[str], size: int, hexdigest: str) -> None:
+    def whole(self, path: str | os.PathLike[str], size: int, hexdigest: str, seconds: float = 0.0) -> None:
         rel = self._rel(path)
-        if rel is not None:
-            with self._lock:
+        with self._lock:
+            self.seconds += seconds
+            if rel is not None:
                 self._whole[rel] = [size, hexdigest]
 
-    def piece(self, path: str | os.PathLike[str], offset: int, length: int, hexdigest: str) -> None:
+    def piece(
+        self, path: str | os.PathLike[str], offset: int, length: int, hexdigest: str, seconds: float = 0.0
+    ) -> None:
         rel = self._rel(path)
-        if rel is not None and length > 0:
-            with self._lock:
+        with self._lock:
+            self.seconds += seconds
+            if rel is not None and length > 0:
                 self._pieces.setdefault(rel, []).append([offset, length, hexdigest])
 
     def dump(self, rank: int) -> None:

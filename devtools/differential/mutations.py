@@ -98,7 +98,7 @@ def _leaf_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
 def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
     node = doc
     for key in path[:-1]:
-        node = node.setdefault(key, {})
+        node = node[key] if isinstance(node, list) else node.setdefault(key, {})
     node[path[-1]] = value
 
 

@@ -108,6 +108,7 @@ class ResumeTarget:
     kind_refusal: str | None = None  # lerobot-train: the topology resolves, but LeRobot refuses to resume onto it
     output_dir: Path | None = None  # where the resumed run writes (None: unknown - no train_config.json)
     overwrite_checkpoints: bool = False
+    settings: RunSettings | None = None  # the merged settings (None: no train_config.json)
 
     @property
     def sharded(self) -> bool:
@@ -199,6 +200,7 @@ def resolve_target(
         kind_refusal=kind,
         output_dir=Path(request.output_dir) if request.output_dir else (config.run_dir if config is not None else None),
         overwrite_checkpoints=request.overwrite_checkpoints,
+        settings=settings if config is not None else None,
     )
 
 

@@ -70,6 +70,11 @@ def _main(argv: list[str] | None) -> None:
             # A 0.6.x checkpoint is named as such before anything else, then one whose parts disagree.
             step = preflight_resume(resume_from).step
         cfg.validate()
+        if resume_from is not None:
+            from ckpt_tools.format.layout import StepPaths
+            from ckpt_tools.train.checkpoint.load import require_saved_settings
+
+            require_saved_settings(StepPaths(resume_from), cfg.run_settings())
         done = _already_done(cfg, step) if resume_from is not None and step is not None else None
         notices = []
         if done is None and resume_from is not None and step is not None:

@@ -15,6 +15,7 @@ from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
 from ckpt_tools.format.rules.resume_output import new_run_refusal, saved_step_dir
+from ckpt_tools.format.rules.saved_hyperparameters import adamw_options
 from ckpt_tools.train.checkpoint.manager import CheckpointManager
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
@@ -175,11 +176,7 @@ def build_state(
     if on_meta and topology.layout.sharded:
         skip_init.materialize(parallel.inner, env.device)  # only this rank's shards are allocated
     optimizer = torch.optim.AdamW(
-        [p for p in parallel.inner.parameters() if p.requires_grad],
-        lr=cfg.optimizer.lr,
-        betas=tuple(cfg.optimizer.betas),  # type: ignore[arg-type]
-        eps=cfg.optimizer.eps,
-        weight_decay=cfg.optimizer.weight_decay,
+        [p for p in parallel.inner.parameters() if p.requires_grad], **adamw_options(cfg.run_settings())
     )
     state = TrainingState(
         cfg=cfg,

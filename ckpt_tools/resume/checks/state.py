@@ -26,9 +26,17 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import metadata_scalars, position_names, read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, save_files, unresumable_reason
+from ckpt_tools.format.rules import (
+    consistency,
+    lerobot_resume,
+    master_copy_problem,
+    save_files,
+    saved_hyperparameters,
+    unresumable_reason,
+)
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.resume_output import check_output
+from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -65,6 +73,8 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     checks.append(_rng(source, target))
     checks.append(_scaler(source, target))
     checks.append(_consistency(source))
+    if not _lerobot(target) and target.settings is not None:
+        checks.append(_saved_settings(source, target.settings))
     checks.append(_save_files(source, target))
     for check in (_config_builds(source, target), _output(source, target)):
         if check is not None:
@@ -99,6 +109,14 @@ def _output(source: ResumeSource, target: ResumeTarget) -> Check | None:
     if verdict.refusal is not None:
         return Check.fail("output", verdict.refusal)
     return Check.ok("output", "; ".join(verdict.notices) or f"writes into {target.output_dir} (its own run)")
+
+
+def _saved_settings(source: ResumeSource, settings: RunSettings) -> Check:
+    """The saved optimizer / scheduler values against the resumed config (the trainer's refusal)."""
+    line = saved_hyperparameters.mismatch(source.paths, settings)
+    if line is not None:
+        return Check.fail("hyperparameters", line)
+    return Check.ok("hyperparameters", "the saved optimizer and scheduler settings are the config's")
 
 
 def _trainer(source: ResumeSource, target: ResumeTarget) -> Check:

@@ -19,8 +19,9 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency, save_files
+from ckpt_tools.format.rules import consistency, save_files, saved_hyperparameters
 from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.train.checkpoint import parts, rng
 from ckpt_tools.train.checkpoint.audit import resident_bytes, write_audit
 from ckpt_tools.train.checkpoint.safe_dcp import require_valid_dcp_inputs
@@ -76,6 +77,14 @@ def require_consistent(
         raise CheckpointError(reason)
 
 
+def require_saved_settings(paths: StepPaths, settings: RunSettings) -> None:
+    """Refuse saved optimizer / scheduler values the resumed config would not run with (torch's
+    loads would apply them silently; the line ``verify-resume`` gives)."""
+    line = saved_hyperparameters.mismatch(paths, settings)
+    if line is not None:
+        raise CheckpointError(line)
+
+
 def require_bulk_from_save(env: DistEnv, paths: StepPaths) -> None:
     """Collective: the bulk files' ends against the record, each file read by one rank; every rank
     refuses with the first line any rank found (the line ``verify-resume`` gives when it is the only one)."""
@@ -93,6 +102,7 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     record = parts.load_training_step(paths)
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
     require_consistent(paths, record, bulk_share=None)  # as the preflight did: the load refuses on its own too
+    require_saved_settings(paths, s.cfg.run_settings())
     require_bulk_from_save(s.env, paths)
     warnings: list[str] = []
     reads = _load_weights(s, paths, trainable, warnings)

@@ -13,6 +13,7 @@ interleave with the training loop's).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -99,6 +100,7 @@ class SaveJob:
         Sharded tensors keep their layout on ``host_mesh`` (the CPU mesh of the same shape).
         The copies land in ``buffers``, reused from one save to the next.
         """
+        buffers.reserve({("model",): self.model, ("optimizer",): self.optimizer})
         model = buffers.copy(("model",), self.model, host_mesh)
         optimizer = buffers.copy(("optimizer",), self.optimizer, host_mesh)
         buffers.synchronize()  # device copies are asynchronous: done before the loop may change the state
@@ -271,7 +273,14 @@ class StagingBuffers:
     waits for the copies before the buffers are read or the live state may change. CPU
     tensors get plain pageable buffers and blocking copies, as before: pinning needs an
     accelerator and buys nothing for a host-to-host copy.
+
+    The pinned buffers of a save are carved out of one allocation (:meth:`reserve`): page-locking
+    is the one expensive part of the first asynchronous save, it runs beside the loop's steps
+    and slows their kernel launches while it lasts, and one large allocation takes half as long
+    as one per tensor (figures in docs/benchmarks.md).
     """
+
+    ALIGN = 512  # bytes: every view in the pinned slab starts at a multiple (any dtype's alignment)
 
     def __init__(self) -> None:
         self.tensors: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -296,6 +305,39 @@ class StagingBuffers:
         if isinstance(value, list):
             return [self.copy((*key, i), v, host_mesh) for i, v in enumerate(value)]
         return copy.deepcopy(value)
+
+    def reserve(self, trees: dict[tuple[Any, ...], Any]) -> None:
+        """One pinned allocation for every device tensor of ``trees`` that has no buffer yet."""
+        wanted: list[tuple[tuple[Any, ...], torch.Tensor]] = []
+        for key, tree in trees.items():
+            self._missing(key, tree, wanted)
+        if not wanted:
+            return
+        offsets, total = [], 0
+        for _, tensor in wanted:
+            offsets.append(total)
+            total += -(-tensor.nbytes // self.ALIGN) * self.ALIGN
+        use_parallel_pinning()
+        slab = torch.empty(total, dtype=torch.uint8, device="cpu", pin_memory=True)
+        for (key, tensor), offset in zip(wanted, offsets, strict=True):
+            view = slab[offset : offset + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+            self.tensors[key] = view
+
+    def _missing(self, key: tuple[Any, ...], value: Any, out: list[tuple[tuple[Any, ...], torch.Tensor]]) -> None:
+        """The device tensors under ``value`` whose buffer is absent or of another shape (keys as :meth:`copy` makes them)."""
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor):
+            buffer = self.tensors.get(key)
+            fits = buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype
+            if value.device.type == "cuda" and not fits and value.nbytes:
+                out.append((key, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self._missing((*key, k), v, out)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self._missing((*key, i), v, out)
 
     def synchronize(self) -> None:
         """Wait until every queued device-to-host copy has landed (nothing to wait for on CPU).
@@ -329,6 +371,29 @@ class StagingBuffers:
         else:
             buffer.copy_(source)
         return buffer
+
+
+PINNING_THREADS = 16  # threads page-locking a new pinned allocation (a power of two, as torch requires)
+
+
+def use_parallel_pinning() -> None:
+    """Page-lock new pinned memory with several threads (``cudaHostRegister``), unless the user chose.
+
+    torch's default, one ``cudaHostAlloc``, page-locks a 3 GiB staging slab in 1.6-2.8 s on an
+    H200 host while the loop's kernel launches slow to a fraction beside it; registering the
+    pages from 16 threads takes 0.5 s (docs/benchmarks.md). A ``PYTORCH_CUDA_ALLOC_CONF`` that
+    names any ``pinned_`` option is the user's choice and is left alone; a torch without the
+    setting keeps its default.
+    """
+    if "pinned_" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        return
+    threads = max(1, min(PINNING_THREADS, os.cpu_count() or 1))
+    threads = 1 << (threads.bit_length() - 1)
+    setting = f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
+    # torch >= 2.10 names it per accelerator; older ones only under torch.cuda (deprecated since).
+    apply = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    with contextlib.suppress(AttributeError, RuntimeError):  # a torch without the setting: its default
+        apply(setting)
 
 
 def synced_by_their_writers(path: Path) -> bool:

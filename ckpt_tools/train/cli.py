@@ -59,6 +59,7 @@ def _main(argv: list[str] | None) -> None:
         check_launcher_env(os.environ)
         check_restart_env(os.environ)
         acknowledged = check_accelerate_env(os.environ)
+        dry_run = _dry_run(args)  # removes the flag: it is this launch's, never saved
         parsed = parse_train_args(args)
         cfg, resume_from = parsed.cfg, parsed.resume_from
         if cfg.peft is not None:
@@ -91,7 +92,46 @@ def _main(argv: list[str] | None) -> None:
         print(f"note: {note}", flush=True)
     for notice in notices if is_main else []:
         print(f"warning: {notice}", flush=True)
+    if dry_run:
+        _dry_run_exit(cfg, resume_from, is_main)
     _run(cfg, resume_from)
+
+
+def _dry_run(args: list[str]) -> bool:
+    """Pop ``--dry_run=true|false`` (bare ``--dry_run`` is true) from ``args``."""
+    found = False
+    for arg in list(args):
+        name, _, value = arg.partition("=")
+        if name == "--dry_run":
+            args.remove(arg)
+            if value.lower() not in ("", "true", "false"):
+                raise ConfigError(f"--dry_run={value}: choose true or false")
+            found = value.lower() != "false"
+    return found
+
+
+def _dry_run_exit(cfg: TrainConfig, resume_from: Path | None, is_main: bool) -> NoReturn:
+    """Every check before the first step, without a process group; print them and exit (nothing written).
+
+    The exit code is the one the launch would have ended with: 0, 2 for a setting, 3 for the checkpoint.
+    """
+    import torch
+
+    from ckpt_tools.train.preflight import Launch, build_checks
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = Launch(world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), not torch.cuda.is_available())
+    checks = build_checks(cfg, resume_from, launch)
+    failed = next((c for c in checks if c.failed), None)
+    if is_main:
+        for check in checks:
+            print(f"  {check.status:<4}  {check.name:<14} {check.message}", flush=True)
+        if failed is None:
+            what = f"resume from {resume_from}" if resume_from is not None else f"start a run in {cfg.output_dir}"
+            print(f"dry run: every check passed; this launch would {what} (nothing was written)", flush=True)
+        else:
+            print(f"error: {failed.message}", file=sys.stderr, flush=True)
+    sys.exit(0 if failed is None else int(ExitCode.BAD_INPUT if failed.name == "load-plan" else ExitCode.USAGE))
 
 
 def _require_training_extra(modules: tuple[str, ...]) -> None:

@@ -27,6 +27,7 @@ usage: ckpt-train --dataset.root=DIR --policy.type=act --output_dir=DIR [--flag=
        torchrun --nproc-per-node=N $(which ckpt-train) ... [--parallelism.dp_shard=N ...]
        ckpt-train --resume=true --config_path=OUTPUT_DIR/checkpoints/last [--flag=value ...]
        TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --max-restarts=K ... $(which ckpt-train) --resume=auto ...
+       ckpt-train ... --dry_run=true    # every check before the first step (dataset, policy, weights), then exit
 
 Train a policy with DDP, FSDP2 or HSDP (one process, or launched by torchrun or accelerate
 launch), in LeRobot's flag spelling: --group.field=value. pretrained_model/train_config.json

@@ -69,12 +69,14 @@ def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.
 
 
 def build_policy(
-    cfg: TrainConfig, dataset: RobotDataset, resuming: bool = False
+    cfg: TrainConfig, dataset: RobotDataset, resuming: bool = False, on_meta: bool = False
 ) -> tuple[PreTrainedPolicy, Pipeline, Pipeline]:
     """The policy (fresh, or from ``--policy.path``) and its processors, on CPU in fp32.
 
     ``resuming``: the checkpoint will overwrite every value, so the policy may come back on the
-    meta device, uninitialized (:mod:`~ckpt_tools.train.policies.skip_init`).
+    meta device, uninitialized (:mod:`~ckpt_tools.train.policies.skip_init`). ``on_meta``: only
+    its structure is wanted (the pre-flight): always on the meta device, no pretrained weights read.
+    A config the policy's constructor refuses is one :class:`ConfigError`, not a traceback.
     """
     policy_cfg = cfg.policy
     assert policy_cfg is not None
@@ -85,12 +87,19 @@ def build_policy(
         setattr(policy_cfg, name, value)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     policy = None
-    if skip_init.skips_init(resuming, cfg.peft is not None, bool(policy_cfg.path)):
-        policy = skip_init.build_on_meta(lambda: make_policy(policy_cfg))
-    if policy is None:
-        policy = make_policy(policy_cfg)
+    try:
+        if on_meta:
+            with torch.device("meta"):
+                policy = make_policy(policy_cfg)
+        elif skip_init.skips_init(resuming, cfg.peft is not None, bool(policy_cfg.path)):
+            policy = skip_init.build_on_meta(lambda: make_policy(policy_cfg))
+        if policy is None:
+            policy = make_policy(policy_cfg)
+    except (ValueError, TypeError, AssertionError, RuntimeError) as e:
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--policy.type={policy_cfg.type}: cannot be built from this config ({detail})") from None
     pre, post = make_processors(dataset.stats)
-    if policy_cfg.path:
+    if policy_cfg.path and not on_meta:
         from ckpt_tools.train.pretrained import load_pretrained_into
 
         pre, post = load_pretrained_into(policy, Path(policy_cfg.path), pre, post)

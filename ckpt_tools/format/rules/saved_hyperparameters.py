@@ -24,6 +24,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
+from ckpt_tools.format.record import SAVE_ID_KEY
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -49,6 +50,7 @@ _SCHEDULER_KEYS = {
     "lr_lambdas",
     "verbose",
     "_is_initial",
+    SAVE_ID_KEY,  # the save's stamp (ckpt_tools.format.rules.save_stamps), dropped by the load
 }
 _GROUP_BYTES = "param_groups"
 

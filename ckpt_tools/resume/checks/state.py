@@ -79,6 +79,8 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     for check in (_config_builds(source, target), _output(source, target)):
         if check is not None:
             checks.append(check)
+    if not any(c.name == "config-builds" and c.failed for c in checks):
+        checks += _build_checks(source, target)
     return checks
 
 
@@ -99,6 +101,30 @@ def _config_builds(source: ResumeSource, target: ResumeTarget) -> Check | None:
     except CkptError as e:
         return Check.fail("config-builds", str(e))
     return Check.ok("config-builds", "ckpt-train parses and validates train_config.json")
+
+
+def _build_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+    """The trainer's own build before its first step - dataset, policy on the meta device, the weights
+    against it (:func:`ckpt_tools.train.preflight.build_checks`); only where torch is installed."""
+    if _lerobot(target) or source.config is None or target.topology is None:
+        return []  # LeRobot builds its own policy; a refused topology stops before any build
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("draccus") is None:
+        return [
+            Check.ok(
+                "policy-builds",
+                "not run here: building the policy (and the dataset-loads and load-plan checks) needs the"
+                " training extra (ckpt-tools[training])",
+            )
+        ]
+    from ckpt_tools.train.parsing import resume_config
+    from ckpt_tools.train.preflight import Launch, build_checks
+
+    try:
+        cfg = resume_config(source.paths, [])
+    except CkptError:
+        return []  # config-builds said why
+    launch = Launch(target.world_size, target.world_size, on_host=True, check_memory=False)
+    return [c for c in build_checks(cfg, source.paths.root, launch) if c.name != "world"]
 
 
 def _output(source: ResumeSource, target: ResumeTarget) -> Check | None:

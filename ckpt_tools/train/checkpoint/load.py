@@ -19,10 +19,10 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency, save_files, saved_hyperparameters
+from ckpt_tools.format.rules import consistency, load_plan, save_files, saved_hyperparameters
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.startup import RunSettings
-from ckpt_tools.train.checkpoint import parts, rng
+from ckpt_tools.train.checkpoint import parts, rng, state_dicts
 from ckpt_tools.train.checkpoint.audit import resident_bytes, write_audit
 from ckpt_tools.train.checkpoint.safe_dcp import require_valid_dcp_inputs
 from ckpt_tools.train.checkpoint.training_state import TrainingState
@@ -140,6 +140,11 @@ def _load_weights(
     chosen = manifest.choose(manifest.weights_inputs(peft), paths)
     if chosen is None:
         raise CheckpointError(manifest.no_weights_reason(paths, peft))
+    if not peft:  # the pre-flight's comparison, before torch's load stops on it with its own words
+        expected = {name: tuple(t.shape) for name, t in state_dicts.sharded_model_state(s.parallel, None).items()}
+        line = load_plan.mismatch(paths, expected)
+        if line is not None:
+            raise CheckpointError(line)
     if chosen is manifest.MODEL_DCP:
         return parts.load_model_dcp(s.parallel, paths, trainable)
     cast = parts.load_gathered_weights(s.parallel, paths.root / chosen.path, trainable)

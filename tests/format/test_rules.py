@@ -371,6 +371,9 @@ def test_linear_scaling_keeps_lr_per_sample_and_the_remaining_samples() -> None:
     same = linear_scaling(before, BatchFactorization(4, 4, 1), lr=1e-3, steps=100, step=40)
     assert same.unchanged and same.describe() == ""
     assert linear_scaling(before, after, lr=None, steps=None).describe() == ""
+    # A batch of no samples (a train_config.json edited to batch_size 0) scales nothing; the start-up rules refuse it.
+    empty = linear_scaling(before, BatchFactorization(0, 4, 1), lr=1e-3, steps=100, step=40)
+    assert empty.describe() == "" and empty.steps_after == 100
 
 
 # ====================================================================== ignored modules

@@ -69,6 +69,8 @@ DAMAGE = {
         _frames(lambda c: c.update({"observation.state": c["observation.state"][:, 0].contiguous()})),
         "observation.state is not one row per frame",
     ),
+    "no frames file": (lambda root: (root / FRAMES_FILE).unlink(), "missing data/frames.safetensors"),
+    "no stats file": (lambda root: (root / STATS_FILE).unlink(), "missing meta/stats.json"),
     "state stats for 13 features": (
         _json(STATS_FILE, lambda d: d["observation.state"]["mean"].pop()),
         "observation.state.mean has 13 values, the frames' observation.state has 14",

@@ -53,7 +53,13 @@ def linear_scaling(
     steps: int | None,
     step: int = 0,
 ) -> LinearScaling:
-    """Scale ``lr`` with the effective batch, and the ``steps`` left after ``step`` with the samples per step."""
+    """Scale ``lr`` with the effective batch, and the ``steps`` left after ``step`` with the samples per step.
+
+    A batch of no samples (refused by the start-up rules, which say so) has nothing to scale by.
+    """
+    sizes = (before.effective_batch_size, after.effective_batch_size, before.samples_per_step, after.samples_per_step)
+    if min(sizes) <= 0:
+        return LinearScaling(before, after, lr, None, steps, steps, None)
     ratio = after.effective_batch_size / before.effective_batch_size
     remaining, steps_after = None, steps
     if steps is not None:

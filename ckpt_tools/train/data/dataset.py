@@ -107,8 +107,9 @@ def load_dataset(root: Path, chunk_size: int) -> RobotDataset:
         columns = load_file(str(frames_file))
         stats = read_json(root / STATS_FILE)
         info = read_json(root / INFO_FILE)
-    except FileNotFoundError as e:
-        raise ConfigError(f"dataset {root}: missing {Path(e.filename).relative_to(root)}") from None
+    except FileNotFoundError as e:  # safetensors' own reader names no file
+        where = Path(e.filename).relative_to(root) if e.filename else FRAMES_FILE
+        raise ConfigError(f"dataset {root}: missing {where}") from None
     except (SafetensorError, ValueError, OSError) as e:
         raise ConfigError(f"dataset {root}: unreadable ({e})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]

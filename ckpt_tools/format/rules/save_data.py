@@ -87,6 +87,8 @@ def _check_file(
         st = os.lstat(path)
     except FileNotFoundError:
         return []  # a missing part is the manifest's concern (as for the save-files check)
+    except OSError as e:
+        return [f"{rel}: cannot be read ({e.strerror})"]
     if not stat.S_ISREG(st.st_mode):
         return [f"{rel}: no longer a regular file"]
     if st.st_size != recorded.size:

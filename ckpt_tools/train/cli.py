@@ -160,15 +160,19 @@ def _already_done(cfg: TrainConfig, step: int) -> str | None:
 
 
 def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:
-    """Where the resume of ``step`` writes: refuse to save over newer checkpoints, say when it is another run."""
+    """Where the resume of ``step`` writes: refuse to save over newer checkpoints, say when it is another
+    run; and whether its train_config.json was edited since the save (``verify-resume``'s warnings)."""
     from ckpt_tools.errors import ConfigError
     from ckpt_tools.format.layout import StepPaths
+    from ckpt_tools.format.rules import save_files
     from ckpt_tools.format.rules.resume_output import check_output
 
-    verdict = check_output(StepPaths(resume_from), step, Path(str(cfg.output_dir)), overwrite=cfg.overwrite_checkpoints)
+    paths = StepPaths(resume_from)
+    verdict = check_output(paths, step, Path(str(cfg.output_dir)), overwrite=cfg.overwrite_checkpoints)
     if verdict.refusal is not None:
         raise ConfigError(verdict.refusal)
-    return list(verdict.notices)
+    edit = save_files.config_edit(paths)
+    return [*verdict.notices, *([edit] if edit is not None else [])]
 
 
 def _run(cfg: TrainConfig, resume_from: Path | None) -> None:

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.errors import CheckpointError
+from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_stamps
@@ -70,6 +70,10 @@ SCHEMA = 2
 READABLE = (1, 2)  # the schemas read (module docstring)
 FULL = full_digest.ALGORITHM  # the key of a file's full digest in a schema-2 entry
 PIECES = f"{FULL}_pieces"  # ... and of the digests of its pieces
+# The file whose saved content the record keeps: what changed in it is named field by field
+# (ckpt_tools.format.rules.config_edits), up to this size.
+KEPT_CONTENT = f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}"
+CONTENT_LIMIT = 2**18
 EDITABLE = frozenset({f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_MODEL_DIR}/{L.ADAPTER_CONFIG}"})
 # Files up to this size are digested whole, at the save and at every check - on every rank of a
 # resume, before any process group exists: the JSON records, the RNG state, processors, small
@@ -90,6 +94,7 @@ class RecordedFile:
     sampled: bool
     full: str | None = None  # schema 2: the full digest of every byte (None: not recorded)
     pieces: tuple[Piece, ...] = ()  # schema 2, instead of ``full``: digests of ranges tiling the file
+    content: dict[str, Any] | None = None  # train_config.json as saved (its edits are named field by field)
 
     @property
     def verifiable(self) -> bool:
@@ -122,6 +127,8 @@ def record(
         rel = path.relative_to(paths.root).as_posix()
         if rel != own:
             files[rel] = _entry(path, written.get(rel), full)
+        if rel == KEPT_CONTENT and files[rel]["size"] <= CONTENT_LIMIT:
+            files[rel]["content"] = read_json_file(path, want_object=True)
     return {"schema": SCHEMA, "save_id": save_id, "files": files}
 
 
@@ -159,7 +166,10 @@ def read(paths: StepPaths) -> SaveFiles | None:
                 raise ValueError(f"entry {rel!r} is not a size and a digest")
             if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
                 raise ValueError(f"entry {rel!r} is not a path inside the step")
-            files[rel] = RecordedFile(size, digest, sampled, *_full(entry, size))
+            content = entry.get("content")
+            if content is not None and not isinstance(content, dict):
+                raise ValueError(f"entry {rel!r}: content is not a JSON object")
+            files[rel] = RecordedFile(size, digest, sampled, *_full(entry, size), content=content)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: not a record of a save's files ({e})") from None
     return SaveFiles(save_id, files)
@@ -224,6 +234,22 @@ def edits(paths: StepPaths, saved: SaveFiles) -> list[str]:
     return [
         rel for rel in sorted(EDITABLE) if rel in saved.files and _differs(paths, rel, saved.files[rel], True, None)
     ]
+
+
+def config_edit(paths: StepPaths) -> str | None:
+    """The warning for a ``train_config.json`` edited since the save in a way that changes the run
+    (:func:`ckpt_tools.format.rules.config_edits.warning`); None without a record that kept it."""
+    from ckpt_tools.format.rules import config_edits
+
+    try:
+        saved = read(paths)
+        kept = saved.files.get(KEPT_CONTENT) if saved is not None else None
+        if kept is None or kept.content is None:
+            return None
+        now = read_json_file(paths.root / KEPT_CONTENT, want_object=True)
+    except (CkptError, OSError, ValueError):
+        return None  # the record's or the config's own check says why
+    return config_edits.warning(kept.content, now)
 
 
 def amend(paths: StepPaths, written: list[Path]) -> None:

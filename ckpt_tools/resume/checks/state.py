@@ -76,6 +76,9 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     if not _lerobot(target) and target.settings is not None:
         checks.append(_saved_settings(source, target.settings))
     checks.append(_save_files(source, target))
+    edit = save_files.config_edit(source.paths)
+    if edit is not None:
+        checks.append(Check.warn("config-edits", edit))
     for check in (_config_builds(source, target), _output(source, target)):
         if check is not None:
             checks.append(check)

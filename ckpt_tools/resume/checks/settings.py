@@ -9,6 +9,7 @@ an uninterrupted run - another data split, another effective batch, another prec
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
@@ -17,6 +18,7 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.policy_path import adapter_refusal, locate_policy, policy_weights
 from ckpt_tools.format.record import BatchFactorization
 from ckpt_tools.format.rules.data_order import DataOrderChange
+from ckpt_tools.format.rules.lerobot_features import feature_problems
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.sampler_position import sampler_state
 from ckpt_tools.format.rules.scaling import linear_scaling
@@ -216,17 +218,58 @@ def _lerobot_dataset(source: ResumeSource) -> Check:
     if not root:
         repo = config.dataset_repo_id if config else None
         where = f"--dataset.repo_id={repo}" if repo else "no dataset recorded"
-        return Check.ok("dataset", f"{where}: resolved through the Hugging Face cache at start-up (not checked here)")
-    frames = lerobot_frames(source)
+        return Check.ok(
+            "dataset",
+            f"{where}: resolved through the Hugging Face cache at start-up (not checked here: neither its files nor"
+            " whether its features fit the policy)",
+        )
     if not Path(root).expanduser().is_dir():
         return Check.fail("dataset", f"--dataset.root={root}: no such directory - the resume cannot load its data")
-    if frames is None:  # LeRobotDatasetMetadata reads it first thing: the resume stops there
+    info = _lerobot_info(root)
+    if info is None:  # LeRobotDatasetMetadata reads it first thing: the resume stops there
         return Check.fail(
             "dataset",
             f"--dataset.root={root}: no readable {dataset.INFO_FILE} with total_frames - LeRobot cannot load the"
             " dataset without it",
         )
-    return Check.ok("dataset", f"--dataset.root={root} ({frames} frames)")
+    problems = _lerobot_feature_problems(source, info)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Check.fail("dataset", f"--dataset.root={root} does not fit the policy: {problems[0]}{more}")
+    return Check.ok("dataset", f"--dataset.root={root} ({info['total_frames']} frames; its features fit the policy)")
+
+
+def _lerobot_info(root: str) -> dict[str, Any] | None:
+    """The dataset's ``meta/info.json`` when LeRobot can load it (an object with ``total_frames``), else None."""
+    from ckpt_tools.io.safe_read import read_json_file
+
+    try:
+        info = read_json_file(Path(root).expanduser() / dataset.INFO_FILE, want_object=True)
+    except CkptError:
+        return None
+    frames = info.get("total_frames")
+    return info if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else None
+
+
+def _lerobot_feature_problems(source: ResumeSource, info: dict[str, Any]) -> list[str]:
+    """:func:`~ckpt_tools.format.rules.lerobot_features.feature_problems` for the saved policy and ``info``.
+
+    The resume parses the policy from ``train_config.json`` (``config.json`` holds the same section).
+    """
+    from ckpt_tools.io.safe_read import read_json_file
+
+    raw = source.config.raw if source.config else {}
+    policy = raw.get("policy")
+    if not isinstance(policy, dict) or "input_features" not in policy:
+        try:
+            policy = read_json_file(source.paths.policy_config, want_object=True)
+        except CkptError:
+            return []  # no policy to compare with: the policy checks say so
+    features = info.get("features")
+    if not isinstance(features, dict):
+        return [f"{dataset.INFO_FILE} has no features object - LeRobotDatasetMetadata cannot type the dataset"]
+    rename_map = raw.get("rename_map")
+    return feature_problems(policy, features, rename_map if isinstance(rename_map, dict) else None)
 
 
 def lerobot_frames(source: ResumeSource) -> int | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +16,10 @@ from typing import Any, TypeVar
 import typer
 
 from ckpt_tools import __version__
+from ckpt_tools.cli.untrusted import echo, emit_json
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, shown
+
+__all__ = ["COMMAND_MODULES", "EXIT_CODES_HELP", "app", "emit_json", "fail", "handled", "main"]
 
 # One module per command; each adds itself to ``app`` at import time. Only the invoked
 # command's module is imported (start-up time is part of every CI gate's cost).
@@ -49,7 +51,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"ckpt-tools {__version__}")
+        echo(f"ckpt-tools {__version__}")
         raise typer.Exit()
 
 
@@ -63,8 +65,8 @@ def _root(
 
 
 def fail(error: CkptError) -> typer.Exit:
-    """Print ``error`` as one line on stderr and return the Exit to raise."""
-    typer.echo(f"error: {error}", err=True)
+    """Print ``error`` as one line on stderr (what it quotes from files escaped) and return the Exit to raise."""
+    echo(f"error: {error}", err=True)
     return typer.Exit(code=int(error.exit_code))
 
 
@@ -81,20 +83,15 @@ def handled(func: F) -> F:
             where = e.filename if e.filename is not None else "input"
             raise fail(CheckpointError(f"{shown(str(where))}: {e.strerror or e}")) from None
         except KeyboardInterrupt:
-            typer.echo("error: interrupted", err=True)
+            echo("error: interrupted", err=True)
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-def emit_json(payload: Any) -> None:
-    """Machine output: one JSON document on stdout."""
-    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-
-
 def main() -> None:
     if "" in sys.argv[1:]:  # Path("") is the current directory: `push ""` would publish whatever is there
-        typer.echo("error: an empty argument: name the path (or value) explicitly, e.g. . for this directory", err=True)
+        echo("error: an empty argument: name the path (or value) explicitly, e.g. . for this directory", err=True)
         raise SystemExit(int(UsageError.exit_code))
     invoked = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     wanted = [COMMAND_MODULES[invoked]] if invoked in COMMAND_MODULES else list(COMMAND_MODULES.values())

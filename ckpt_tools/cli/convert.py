@@ -16,6 +16,7 @@ import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
 from ckpt_tools.units import human_bytes
 
@@ -219,28 +220,28 @@ def _print_result(result: Any, pushed: Any) -> None:
     dtype = plan.dtype or "as saved"
     kind = "PEFT adapter" if plan.peft else plan.what
     if not plan.files:  # an interrupted --delete-dcp finished: nothing was left to convert
-        typer.echo(f"Nothing to convert in {plan.dcp_dir.parent}")
+        echo(f"Nothing to convert in {plan.dcp_dir.parent}")
         for note in result.notes:
-            typer.echo(f"  note: {note}")
+            echo(f"  note: {note}")
         return
     if result.dry_run:
-        typer.echo(f"Dry run - nothing written. Would convert the {kind} in {plan.dcp_dir}")
+        echo(f"Dry run - nothing written. Would convert the {kind} in {plan.dcp_dir}")
     else:
-        typer.echo(f"Converted the {kind} in {plan.dcp_dir}")
-    typer.echo(f"  {plan.tensor_count} tensors, {human_bytes(plan.total_bytes)} of tensor data, dtype {dtype}")
+        echo(f"Converted the {kind} in {plan.dcp_dir}")
+    echo(f"  {plan.tensor_count} tensors, {human_bytes(plan.total_bytes)} of tensor data, dtype {dtype}")
     for f in plan.files:
-        typer.echo(
+        echo(
             f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / f.name}"
             f"  ({len(f.tensors)} tensors, {human_bytes(f.nbytes)})"
         )
     if plan.index_name:
-        typer.echo(f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / plan.index_name}")
+        echo(f"  {'would write' if result.dry_run else 'wrote'} {plan.output_dir / plan.index_name}")
     if not result.dry_run:
         extra = ", verified" if result.verified else ""
-        typer.echo(f"  took {result.seconds:.2f} s{extra}")
+        echo(f"  took {result.seconds:.2f} s{extra}")
     if result.deleted_dcp:
-        typer.echo(f"  deleted {plan.dcp_dir}")
+        echo(f"  deleted {plan.dcp_dir}")
     if pushed is not None:
-        typer.echo(f"  pushed to {pushed.repo_id}: {pushed.commit_url}")
+        echo(f"  pushed to {pushed.repo_id}: {pushed.commit_url}")
     for note in result.notes:
-        typer.echo(f"  note: {note}")
+        echo(f"  note: {note}")

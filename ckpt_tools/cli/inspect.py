@@ -9,6 +9,7 @@ import typer
 
 from ckpt_tools.cli.app import app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
+from ckpt_tools.cli.untrusted import echo, printable
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.format.layout import TRAINING_STATE_DIR
 from ckpt_tools.units import human_bytes, human_count
@@ -81,7 +82,6 @@ def inspect_command(
 
 
 def _print_report(report: Any, tensors: bool) -> None:
-    echo = typer.echo
     echo(f"{report.path}  ({report.kind.replace('_', ' ')})")
     if report.kind in ("checkpoints_root", "trainer_root"):
         steps = ", ".join(f"{s.name}{'' if s.healthy else ' (UNHEALTHY)'}" for s in report.steps) or "none"
@@ -121,13 +121,14 @@ def _print_report(report: Any, tensors: bool) -> None:
     for note in report.notes:
         echo(f"  note: {note}")
     if tensors and report.tensors:
-        width = max(len(t.name) for t in report.tensors)
+        names = [printable(t.name) for t in report.tensors]  # as shown, so the columns align
+        width = max(map(len, names))
         echo("Tensors:")
-        for t in report.tensors:
+        for name, t in zip(names, report.tensors, strict=True):
             chunks = f"  {len(t.chunks)} chunks" if t.chunks else ""
             if len(t.chunks) == 1 and t.chunks[0]["sizes"] != list(t.shape):  # a piece of a larger tensor
                 chunks = f"  piece {t.chunks[0]['sizes']} at {t.chunks[0]['offsets']}"
-            echo(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
+            echo(f"  {name:<{width}}  {t.dtype:<9} {list(t.shape)}{chunks}")
     if report.nonfinite:
         echo("Non-finite values:")
         for n in report.nonfinite[:NONFINITE_SHOWN]:

@@ -11,9 +11,9 @@ true/false/1/0/yes/no (or no value, meaning true). Everything else is ``convert-
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import CkptError, ExitCode
 
 _TRUE = {"true", "1", "yes", "y", "on"}
@@ -31,7 +31,7 @@ def _bool(value: str) -> bool:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message}\n")
+        echo(f"error: {message}", err=True)
         raise SystemExit(int(ExitCode.USAGE))
 
 
@@ -83,10 +83,10 @@ def convert_dcp_main(argv: list[str] | None = None) -> None:
             quiet=args.quiet,
         )
     except CkptError as e:
-        sys.stderr.write(f"error: {e}\n")
+        echo(f"error: {e}", err=True)
         raise SystemExit(int(e.exit_code)) from None
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
+        echo("error: interrupted", err=True)
         raise SystemExit(130) from None
 
 

@@ -9,6 +9,7 @@ import typer
 from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
 from ckpt_tools.cli.render import table
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import ExitCode
 from ckpt_tools.units import human_bytes
 
@@ -70,7 +71,6 @@ def reshard_plan_command(
 
 
 def print_plan(plan: Any) -> None:
-    echo = typer.echo
     echo(f"Reshard plan for {plan.checkpoint} (step {plan.step})")
     rows = [
         ["source", plan.source.description if plan.source else "unknown (no topology recorded)"],
@@ -83,7 +83,8 @@ def print_plan(plan: Any) -> None:
     if plan.rank_groups:
         echo("")
         echo("Per rank: bytes read from the checkpoint, and local bytes held after the load")
-        echo(_rank_table(plan))
+        for line in _rank_table(plan).splitlines():
+            echo(line)
         echo("")
         echo("Files each rank reads")
         for line in _file_lines(plan):
@@ -198,7 +199,7 @@ def _file_lines(plan: Any) -> list[str]:
                     str(sum(n for _, _, n in more)),
                 ]
             )
-        lines.append(table(["file", "bytes", "requests"], rows, right=(1, 2), indent=4))
+        lines.extend(table(["file", "bytes", "requests"], rows, right=(1, 2), indent=4).splitlines())
     groups = plan.rank_groups
     whole = [f for f in groups[0].reads if f.how == "whole-file"] if groups else []
     if whole:

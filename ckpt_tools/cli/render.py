@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ckpt_tools.cli.untrusted import printable
 from ckpt_tools.units import rank_ranges
 
 __all__ = ["rank_ranges", "table"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), indent: int = 2) -> str:
-    """Columns padded to their widest cell; columns listed in ``right`` are right-aligned (numbers)."""
+    """Columns padded to their widest cell; columns listed in ``right`` are right-aligned (numbers).
+
+    Cells are escaped (:func:`~ckpt_tools.cli.untrusted.printable`) before they are measured: a
+    file name holding an escape sequence takes the width it will be shown at. The result has
+    one line per row; echo them one by one (a newline inside :func:`echo`'s line is escaped).
+    """
+    rows = [[printable(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):

@@ -9,6 +9,7 @@ import typer
 
 from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import ExitCode
 
 VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
@@ -79,7 +80,6 @@ def verify_resume_command(
 
 
 def print_report(report: Any) -> None:
-    echo = typer.echo
     step = f" (step {report.step})" if report.step is not None else ""
     echo(f"verify-resume {report.checkpoint}{step}")
     echo(f"  {report.topology or 'unknown topology'} → {report.target or 'no valid target'}")

@@ -22,6 +22,7 @@ keeps outputs that already hold exactly the planned bytes, and finishes an inter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest, peft_keys
 from ckpt_tools.format.rules import save_files
+from ckpt_tools.io.dir_lock import DirLock, DirLocked
 from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
@@ -148,6 +150,8 @@ class ConvertResult:
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
     deletion: Deletion | None = field(default=None, repr=False, compare=False)  # what deleting the shards needs
+    # which files were verified (device, inode, size, mtime): the deletion refuses replaced ones
+    identities: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,6 +262,24 @@ def convert_dcp(
                 notes=notes,
                 deletion=deletion,
             )
+    with _owning(plan.output_dir):
+        return _convert_owned(plan, layouts, index, source, overwrite, verify, delete_dcp, progress, deletion, start)
+
+
+def _convert_owned(
+    plan: ConvertPlan,
+    layouts: Mapping[str, list[ChunkLayout]],
+    index: ChunkIndex,
+    source: _Source,
+    overwrite: bool,
+    verify: bool,
+    delete_dcp: bool,
+    progress: bool,
+    deletion: Deletion,
+    start: float,
+) -> ConvertResult:
+    """Write (and delete the shards), owning the output directory (:func:`_owning`)."""
+    with ShardFiles(index.root) as files:
         notes = _clean_leftovers(plan, source)
         verify = verify or delete_dcp
         if not overwrite and _outputs_identical(plan, layouts, files):
@@ -266,7 +288,7 @@ def convert_dcp(
         else:
             _check_outputs(plan, overwrite)
             try:
-                written = _write_all(plan, layouts, files, progress=progress, verify=verify)
+                written = _write_all(plan, layouts, files, progress=progress, verify=verify, exclusive=not overwrite)
             except MemoryError:
                 # Tensors that are not row slabs are assembled in memory, one at a time.
                 raise WriteError(
@@ -286,25 +308,67 @@ def convert_dcp(
         seconds=time.perf_counter() - start,
         notes=plan.notes + notes,
         deletion=deletion,
+        identities=tuple(_identity(p) for p in written),
     )
-    return delete_converted_dcp(result) if delete_dcp else result
+    return _delete_verified(result) if delete_dcp else result
 
 
 def delete_converted_dcp(result: ConvertResult) -> ConvertResult:
     """Remove the DCP directory of a conversion whose output was verified (and only then).
 
     Separate from :func:`convert_dcp` so a caller can do something in between - the CLI
-    publishes to the Hub first and deletes only after the upload succeeded. The rule of
-    :class:`~ckpt_tools.convert_delete.Deletion` is checked again on the files as they are now.
+    publishes to the Hub first and deletes only after the upload succeeded. Owns the output
+    directory again while it checks and deletes, and deletes only if the output files are
+    still the very ones verified (another conversion may have replaced them in between).
     """
+    with _owning(result.plan.output_dir):
+        return _delete_verified(result)
+
+
+def _delete_verified(result: ConvertResult) -> ConvertResult:
+    """The deletion, while this process owns the output directory: the files verified are the files there."""
     if result.dry_run or not result.verified or result.deletion is None:
         raise UsageError("refusing to delete DCP shards: the conversion was not written and verified")
     missing = [p for p in result.output_files if not p.is_file()]
     if missing:
         raise WriteError(f"{missing[0]}: converted output vanished; DCP shards kept")
+    changed = [p for p, was in zip(result.output_files, result.identities, strict=False) if _identity(p) != was]
+    if changed:
+        raise WriteError(
+            f"{changed[0]}: replaced since this conversion verified it (another process wrote it); DCP shards kept"
+        )
     result.deletion.check(result.plan.output_dir)
     convert_delete.delete_dcp_dir(result.plan.dcp_dir)
     return replace(result, deleted_dcp=True)
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """Which file ``path`` is now: device, inode, size and modification time (all equal: not replaced)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@contextlib.contextmanager
+def _owning(output_dir: Path) -> Iterator[None]:
+    """This process owns ``output_dir`` (:mod:`ckpt_tools.io.dir_lock`) while it writes and deletes there:
+    a second conversion into it is refused in one line instead of replacing the first one's files."""
+    created = None if output_dir.exists() else _existing_parent(output_dir)
+    lock = DirLock(output_dir, "convert-dcp")
+    try:
+        lock.acquire()
+    except DirLocked as e:
+        raise WriteError(f"{e}; one conversion per output directory at a time: wait for it to end") from None
+    except OSError as e:
+        raise WriteError(f"{output_dir}: cannot take its lock ({e.strerror or e})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+        if created is not None:
+            _remove_empty_dirs(output_dir, created)
 
 
 def _clean_leftovers(plan: ConvertPlan, source: _Source) -> tuple[str, ...]:
@@ -675,9 +739,18 @@ def _existing_parent(path: Path) -> Path:
 
 
 def _write_all(
-    plan: ConvertPlan, layouts: Mapping[str, list[ChunkLayout]], files: ShardFiles, *, progress: bool, verify: bool
+    plan: ConvertPlan,
+    layouts: Mapping[str, list[ChunkLayout]],
+    files: ShardFiles,
+    *,
+    progress: bool,
+    verify: bool,
+    exclusive: bool,
 ) -> list[Path]:
+    """Write, verify and commit every output file (``exclusive``: none may exist; one that appears
+    meanwhile stops the conversion, and the files it already placed are removed again)."""
     created_dir = None
+    placed: list[Path] = []
     if not plan.output_dir.exists():
         created_dir = _existing_parent(plan.output_dir)
         try:
@@ -712,14 +785,17 @@ def _write_all(
         if index_writer is not None:
             index_writer.write()
         for writer in writers:
-            writer.commit()
+            writer.commit(exclusive=exclusive)
+            placed.append(writer.path)
         if index_writer is not None:
-            index_writer.commit()
+            index_writer.commit(exclusive=exclusive)
     except BaseException:
         for writer in writers:
             writer.abort()
         if index_writer is not None:
             index_writer.abort()
+        for path in placed if exclusive else ():  # created by this conversion a moment ago
+            path.unlink(missing_ok=True)
         if created_dir is not None:
             _remove_empty_dirs(plan.output_dir, created_dir)
         raise
@@ -749,9 +825,14 @@ class _IndexWriter:
             self.abort()
             raise WriteError(f"{self.path}: write failed ({e.strerror})") from None
 
-    def commit(self) -> None:
+    def commit(self, *, exclusive: bool = False) -> None:
         assert self._sibling is not None
-        self._sibling.commit()
+        try:
+            self._sibling.commit(exclusive=exclusive)
+        except FileExistsError:
+            raise WriteError(
+                f"{self.path}: appeared while this conversion was writing (another process wrote it)"
+            ) from None
 
     def abort(self) -> None:
         if self._sibling is not None:

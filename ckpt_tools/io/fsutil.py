@@ -15,6 +15,7 @@ leftovers, ``convert-dcp`` removes its own on a rerun.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -168,10 +169,28 @@ class TempSibling:
         finally:
             os.close(fd)
 
-    def commit(self) -> None:
-        """Rename the temporary over ``path`` (a reader sees the old file or the new one)."""
+    def commit(self, *, exclusive: bool = False) -> None:
+        """Rename the temporary over ``path`` (a reader sees the old file or the new one).
+
+        ``exclusive``: only if ``path`` does not exist - a file that appeared there since the
+        caller looked is never replaced (``FileExistsError``). A hard link is the atomic
+        "create unless it exists" for a complete file; where the file system has none, the
+        check and the rename are two steps (a race window of one system call).
+        """
         assert self.tmp is not None and self.fd is None
-        os.replace(self.tmp, self.path)
+        if exclusive:
+            try:
+                os.link(self.tmp, self.path)
+            except FileExistsError:
+                raise
+            except OSError:  # no hard links here (FAT, some network and FUSE file systems)
+                if os.path.lexists(self.path):
+                    raise FileExistsError(errno.EEXIST, "exists", str(self.path)) from None
+                os.replace(self.tmp, self.path)
+            else:
+                os.unlink(self.tmp)
+        else:
+            os.replace(self.tmp, self.path)
         self.tmp = None
 
     def abort(self) -> None:

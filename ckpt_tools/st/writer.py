@@ -114,10 +114,16 @@ class StreamingWriter:
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
 
-    def commit(self) -> None:
+    def commit(self, *, exclusive: bool = False) -> None:
+        """Move the complete file into place (``exclusive``: never over a file that appeared meanwhile)."""
         assert self._sibling is not None
         try:
-            self._sibling.commit()
+            self._sibling.commit(exclusive=exclusive)
+        except FileExistsError:
+            raise WriteError(
+                f"{self.path}: appeared while this conversion was writing (another process wrote it); kept as it is,"
+                " nothing of this conversion was left"
+            ) from None
         except OSError as e:
             raise WriteError(describe_os_error(self.path, e)) from None
         self._sibling = None

@@ -27,7 +27,11 @@ from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.groups import mesh_groups
 from ckpt_tools.train.parallel.precision import make_scaler, resolve_precision
-from ckpt_tools.train.parallel.shared_storage import require_shared_output_dir, same_resume_on_every_rank
+from ckpt_tools.train.parallel.shared_storage import (
+    own_output_dir,
+    require_shared_output_dir,
+    same_resume_on_every_rank,
+)
 from ckpt_tools.train.parallel.wrap import all_reduce_ignored_grads, clip_grad_norm, parallelize
 from ckpt_tools.train.policies import skip_init
 from ckpt_tools.train.policies.base import PreTrainedPolicy
@@ -110,6 +114,12 @@ def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> No
     dp_replicate, dp_shard = cfg.validate_for_world(env.world_size)
     topology = Topology(env.world_size, dp_replicate, dp_shard, env.nnodes)
     same_resume_on_every_rank(env, resume_from)
+    with own_output_dir(env, Path(str(cfg.output_dir))):
+        _run_owned(cfg, env, resume_from, topology)
+
+
+def _run_owned(cfg: TrainConfig, env: DistEnv, resume_from: Path | None, topology: Topology) -> None:
+    """The run, once this launch owns its output directory."""
     refusal = new_run_refusal(Path(str(cfg.output_dir))) if resume_from is None else None
     if refusal is not None:
         raise ConfigError(refusal)

@@ -24,7 +24,8 @@ from ckpt_tools.convert import convert_dcp
 from ckpt_tools.errors import UsageError
 from ckpt_tools.format import layout as L
 from ckpt_tools.inspect import inspect_path
-from ckpt_tools.io.fsutil import find_leftovers
+from ckpt_tools.io.dir_lock import LOCK_NAME
+from ckpt_tools.io.fsutil import TEMP_SUFFIX, find_leftovers
 from ckpt_tools.resume.verify import verify_resume
 from devtools.procs import launch_env
 from devtools.training import ok, train
@@ -151,13 +152,20 @@ def test_the_lerobot_spelling_takes_allow_unresumable(root: Path, capsys: pytest
 
 
 class Interrupt:
-    """Stops the process's file removals at the ``at``-th one (KeyboardInterrupt: what SIGTERM and Ctrl-C raise)."""
+    """Stops the removals of the shards at the ``at``-th one (KeyboardInterrupt: what SIGTERM and Ctrl-C raise).
+
+    The conversion's own temporaries and its lock on the output directory are removed too,
+    before and after the deletion: those removals do not count.
+    """
 
     def __init__(self, at: int) -> None:
         self.at, self.calls = at, 0
 
     def wrap(self, real: Any) -> Any:
         def removal(*args: Any, **kwargs: Any) -> Any:
+            name = Path(str(args[0] if args else kwargs.get("path", ""))).name
+            if name == LOCK_NAME or name.endswith(TEMP_SUFFIX):  # not the shards': the lock, a temporary
+                return real(*args, **kwargs)
             self.calls += 1
             if self.calls == self.at:
                 raise KeyboardInterrupt

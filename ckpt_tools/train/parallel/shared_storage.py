@@ -9,12 +9,15 @@ before anything is written, and refuse on every rank with the same line.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.io.dir_lock import DirLock, DirLocked
 from ckpt_tools.train.parallel.distributed import DistEnv
 
 PROBE_PREFIX = ".ckpt-tools-shared-storage-probe-"
@@ -39,6 +42,38 @@ def same_resume_on_every_rank(env: DistEnv, resume_from: Path | None) -> None:
             f"the ranks do not agree on what to resume ({shown}); every rank must see the same --output_dir"
             " (shared storage)"
         )
+
+
+@contextlib.contextmanager
+def own_output_dir(env: DistEnv, output_dir: Path) -> Iterator[DirLock | None]:
+    """Collective: the main rank owns ``output_dir`` for the run (:mod:`ckpt_tools.io.dir_lock`), or every rank
+    refuses with the line naming the run that does; released when the run ends, however it ends.
+
+    Taken before the check that a new run's directory holds no checkpoints, so that check and
+    the saves after it cannot interleave with another run's.
+    """
+    lock, line = None, None
+    if env.is_main:
+        lock = DirLock(output_dir, "ckpt-train")
+        try:
+            lock.acquire()
+        except DirLocked as e:
+            lock, line = None, f"--output_dir={e}; one run per output directory: wait for it to end, or choose another"
+        except OSError as e:
+            lock, line = None, f"--output_dir={output_dir}: cannot take its lock ({e.strerror or e})"
+    if env.distributed:
+        import torch.distributed as dist
+
+        holder: list[str | None] = [line]
+        dist.broadcast_object_list(holder, src=0)
+        line = holder[0]
+    if line is not None:
+        raise ConfigError(line)
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def require_shared_output_dir(env: DistEnv, output_dir: Path) -> None:

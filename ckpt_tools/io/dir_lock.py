@@ -34,19 +34,18 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.io.host import host_identity
+
 LOCK_NAME = ".ckpt-tools.lock"
 BREAK_SUFFIX = ".break"
 HEARTBEAT_S = float(os.environ.get("CKPT_TOOLS_LOCK_HEARTBEAT_S", "5"))
 LEASE_S = float(os.environ.get("CKPT_TOOLS_LOCK_LEASE_S", "30"))
-# Simulates distinct hosts on one machine (the multi-host tests); unset in real use.
-HOST_ID_ENV = "CKPT_TOOLS_HOST_ID"
 _ATTEMPTS = 5
 _HELD: set[str] = set()  # tokens of the locks this process holds now
 
@@ -88,18 +87,6 @@ def job_identity() -> tuple[str, int]:
     except ValueError:
         attempt = 0
     return os.environ.get("TORCHELASTIC_RUN_ID", ""), attempt
-
-
-def host_identity() -> tuple[str, str]:
-    """(host name, boot id): a host that rebooted has no process of before."""
-    override = os.environ.get(HOST_ID_ENV)
-    if override:
-        return override, override
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return socket.gethostname(), boot
 
 
 def process_start(pid: int) -> str:

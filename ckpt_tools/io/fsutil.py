@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ckpt_tools.io.host import host_tag
+
 _deferral = threading.local()
 _umask_lock = threading.Lock()
 FILE_MODE = 0o666  # what open() asks for; the process umask takes its bits away, as for torch's DCP shards
@@ -117,17 +119,22 @@ DELETING_MARK = ".deleting-"
 
 
 def temp_sibling_prefix(final_name: str, pid: int | None = None) -> str:
-    """How a file being written is named until it is complete: ``.<name>.<pid>-<random>.tmp``.
+    """How a file being written is named until it is complete: ``.<name>.<pid>@<host>-<random>.tmp``.
 
-    Hidden, so no reader (and no Hub upload) takes it for the file; the writer's process id,
-    so a later run can tell one a killed writer abandoned from one still being written.
+    Hidden, so no reader (and no Hub upload) takes it for the file; the writer's process id and
+    host (:func:`~ckpt_tools.io.host.host_tag`), so a later run can tell one a killed writer
+    abandoned from one still being written - on shared storage only on the writer's own host.
     """
-    return f".{final_name}.{os.getpid() if pid is None else pid}-"
+    return f".{final_name}.{_process(pid)}-"
 
 
 def deleting_name(final_name: str, pid: int | None = None) -> str:
-    """Where :func:`delete_aside` moves a directory before removing it: ``.<name>.deleting-<pid>``."""
-    return f".{final_name}{DELETING_MARK}{os.getpid() if pid is None else pid}"
+    """Where :func:`delete_aside` moves a directory before removing it: ``.<name>.deleting-<pid>@<host>``."""
+    return f".{final_name}{DELETING_MARK}{_process(pid)}"
+
+
+def _process(pid: int | None) -> str:
+    return f"{os.getpid() if pid is None else pid}@{host_tag()}"
 
 
 class TempSibling:
@@ -276,19 +283,33 @@ class Leftover:
     target: str  # the final name it was for
     pid: int | None  # the process that made it (None: a name without one, from an older writer)
     deleting: bool  # a directory :func:`delete_aside` moved aside, not a temporary file
+    host: str | None = None  # the host tag of that process (None: a name from before hosts were named)
+
+    @property
+    def elsewhere(self) -> bool:
+        """Made by a process of another host (or another boot of this one): its id says nothing here."""
+        return self.host is not None and self.host != host_tag()
 
     @property
     def abandoned(self) -> bool:
-        """No live writer can be using it: its process is gone, or it is this process (which runs
-        one conversion at a time, so its own leftover is from an earlier, interrupted call)."""
-        if self.pid is None:
+        """No live writer can be using it: its process (on this host) is gone, or it is this process
+        (which runs one conversion at a time, so its own leftover is from an earlier, interrupted
+        call). One from another host is never judged abandoned: its process cannot be seen from here."""
+        if self.pid is None or self.elsewhere:
             return False
         return self.pid == os.getpid() or not process_alive(self.pid)
 
     def describe(self) -> str:
         """One line for ``inspect``: what it is, who left it, what removes it."""
         who = f"process {self.pid}" if self.pid is not None else "an unknown process"
-        state = "" if self.pid is None or self.abandoned else ", still running"
+        if self.elsewhere:
+            who += " of another host"
+        state = "" if self.pid is None or self.abandoned or self.elsewhere else ", still running"
+        if self.elsewhere:
+            return (
+                f"{'directory ' + self.target + '/ moved aside by a deletion' if self.deleting else 'temporary file of a write of ' + self.target}"
+                f" ({who}); a rerun there removes it once that process is gone, or remove it by hand"
+            )
         if self.deleting:
             return f"{self.target}/ moved aside by an interrupted deletion ({who}{state}); rerunning the same command finishes it"
         return f"temporary file of an interrupted write of {self.target} ({who}{state}); rerunning the same command removes it"
@@ -300,9 +321,10 @@ def parse_leftover(path: Path) -> Leftover | None:
     if not name.startswith(".") or len(name) < 2:
         return None
     if DELETING_MARK in name:
-        target, _, pid = name[1:].rpartition(DELETING_MARK)
-        if target and pid.isdigit():
-            return Leftover(path, target, int(pid), deleting=True)
+        target, _, process = name[1:].rpartition(DELETING_MARK)
+        pid, host = _split_process(process)
+        if target and pid is not None:
+            return Leftover(path, target, pid, deleting=True, host=host)
         return None
     if not name.endswith(TEMP_SUFFIX) or len(name) <= 1 + len(TEMP_SUFFIX):
         return None
@@ -310,8 +332,16 @@ def parse_leftover(path: Path) -> Leftover | None:
     target, _, token = body.rpartition(".")
     if not target:  # ".last.tmp": a fixed name, no token
         return Leftover(path, body, None, deleting=False)
-    pid = token.split("-", 1)[0]
-    return Leftover(path, target, int(pid) if pid.isdigit() and "-" in token else None, deleting=False)
+    pid, host = _split_process(token.split("-", 1)[0]) if "-" in token else (None, None)
+    return Leftover(path, target, pid, deleting=False, host=host)
+
+
+def _split_process(text: str) -> tuple[int | None, str | None]:
+    """``<pid>@<host tag>`` (or a bare ``<pid>``, of writers before hosts were named) -> (pid, host)."""
+    pid, _, host = text.partition("@")
+    if not pid.isdigit():
+        return None, None
+    return int(pid), host or None
 
 
 def find_leftovers(directory: Path) -> list[Leftover]:

@@ -107,3 +107,19 @@ def test_an_earlier_attempt_of_the_same_torchrun_job_is_taken_over_at_once(monke
     assert dir_lock.judge(earlier, 0.0) == ("abandoned", 0.0)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")  # another job: a fresh heartbeat is a live owner
     assert dir_lock.judge(earlier, 0.0) == ("live", 0.0)
+
+
+def test_a_temporary_of_another_host_is_never_judged_abandoned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process id says nothing about a process of another host: its leftover is named, not removed."""
+    from ckpt_tools.io.fsutil import find_leftovers
+
+    monkeypatch.setenv("CKPT_TOOLS_HOST_ID", "host-a")
+    sibling = TempSibling(tmp_path / "model.safetensors")  # a writer on host-a, still writing
+    sibling.close(sync=False)
+    (mine,) = find_leftovers(tmp_path)
+    assert mine.pid == os.getpid() and not mine.elsewhere and mine.abandoned  # this process: an earlier call's
+    monkeypatch.setenv("CKPT_TOOLS_HOST_ID", "host-b")  # seen from another host sharing the directory
+    (theirs,) = find_leftovers(tmp_path)
+    assert theirs.elsewhere and not theirs.abandoned
+    assert "of another host" in theirs.describe()
+    sibling.abort()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import CkptError, ConfigError, ExitCode, PeerLost, WriteError
 from ckpt_tools.train import import_heap
 from ckpt_tools.train.env_guard import env_rank
@@ -84,14 +85,14 @@ def _main(argv: list[str] | None) -> None:
         _fail(e, is_main)
     if done is not None:
         if is_main:
-            print(done, flush=True)
+            echo(done)
         sys.exit(0)  # before any process group: every rank reaches the same verdict and exits
     if acknowledged and is_main:
-        print(f"warning: accelerate engine variables acknowledged and ignored: {', '.join(acknowledged)}", flush=True)
+        echo(f"warning: accelerate engine variables acknowledged and ignored: {', '.join(acknowledged)}")
     for note in parsed.notes if is_main else ():
-        print(f"note: {note}", flush=True)
+        echo(f"note: {note}")
     for notice in notices if is_main else []:
-        print(f"warning: {notice}", flush=True)
+        echo(f"warning: {notice}")
     if dry_run:
         _dry_run_exit(cfg, resume_from, is_main)
     _run(cfg, resume_from)
@@ -125,12 +126,12 @@ def _dry_run_exit(cfg: TrainConfig, resume_from: Path | None, is_main: bool) -> 
     failed = next((c for c in checks if c.failed), None)
     if is_main:
         for check in checks:
-            print(f"  {check.status:<4}  {check.name:<14} {check.message}", flush=True)
+            echo(f"  {check.status:<4}  {check.name:<14} {check.message}")
         if failed is None:
             what = f"resume from {resume_from}" if resume_from is not None else f"start a run in {cfg.output_dir}"
-            print(f"dry run: every check passed; this launch would {what} (nothing was written)", flush=True)
+            echo(f"dry run: every check passed; this launch would {what} (nothing was written)")
         else:
-            print(f"error: {failed.message}", file=sys.stderr, flush=True)
+            echo(f"error: {failed.message}", err=True)
     sys.exit(0 if failed is None else int(ExitCode.BAD_INPUT if failed.name == "load-plan" else ExitCode.USAGE))
 
 
@@ -197,7 +198,7 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
         _peer_lost(e, env.rank)
     except KeyboardInterrupt:
         if env.is_main:
-            print("error: interrupted", file=sys.stderr, flush=True)
+            echo("error: interrupted", err=True)
         os._exit(130)
     teardown(env)  # the collective finish: every rank is done before anything is published
     if env.is_main and cfg.policy is not None and cfg.policy.repo_id:
@@ -207,7 +208,7 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
             url = publish_final(cfg)
         except CkptError as e:
             _fail(e, True)
-        print(f"published the final policy to {url}", flush=True)
+        echo(f"published the final policy to {url}")
 
 
 def _peer_lost(error: Exception, rank: int) -> NoReturn:
@@ -251,9 +252,9 @@ def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> 
     code = int(getattr(error, "exit_code", ExitCode.USAGE))
     if not is_main:  # only ranks other than 0 of a multi-process job
         _await_launcher_stop(code)
-        print(f"error: rank {env_rank()}: {error}", file=sys.stderr, flush=True)
+        echo(f"error: rank {env_rank()}: {error}", err=True)
     else:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        echo(f"error: {error}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     if collective_started:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import ConfigError
 from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
@@ -46,7 +47,7 @@ from ckpt_tools.train.stopping import StopRequest, TrainingStopped
 
 def log(env: DistEnv, message: str) -> None:
     if env.is_main:
-        print(message, flush=True)
+        echo(message)  # names and paths from configs and checkpoints: escaped
 
 
 def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:

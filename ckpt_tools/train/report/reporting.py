@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckpt_tools.cli.untrusted import echo, printable
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.report import startup
@@ -40,9 +41,9 @@ class Reporter:
         if not self.env.is_main:
             return
         if self.progress is not None:
-            self.progress.write(message)
+            self.progress.write(printable(message))  # paths from the config: escaped
         else:
-            print(message, flush=True)
+            echo(message)
 
     def tick(self) -> None:
         if self.progress is not None:

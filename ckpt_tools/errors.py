@@ -19,7 +19,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad flags or option values (also what Typer/click use)
     BAD_INPUT = 3  # the input is missing, incomplete, corrupt, or unsafe to read
     WRITE_FAILED = 4  # the output could not be written (disk full, permissions); inputs untouched
-    HUB_FAILED = 5  # publishing to the Hugging Face Hub failed; local files untouched
+    HUB_FAILED = 5  # the Hugging Face Hub (or the network to it) failed a push; the line says what was written locally
     PEER_LOST = 6  # training: another rank died or stalled past --collective_timeout_s
     NON_FINITE = 7  # training: the loss, the gradients or the weights became NaN or infinite
 
@@ -65,7 +65,12 @@ class WriteError(CkptError):
 
 
 class HubError(CkptError):
-    """A Hub operation failed; the local files are intact and a retry is safe."""
+    """A Hub operation failed on the Hub's side or the network's; a retry is safe.
+
+    Only for failures that are not ours: a local file that cannot be read or a full local disk
+    during a push is a :class:`CheckpointError` or :class:`WriteError`. A push changes no local
+    file, but a conversion before it may have written some: the line says which.
+    """
 
     exit_code = ExitCode.HUB_FAILED
 

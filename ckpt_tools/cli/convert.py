@@ -10,7 +10,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
 from ckpt_tools.units import human_bytes
+
+if TYPE_CHECKING:
+    from ckpt_tools.hub.push import HubPushError
 
 CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
 
@@ -169,19 +172,23 @@ def run_convert(
         if push_to_hub and not dry_run:
             from ckpt_tools.convert import convert_dcp
             from ckpt_tools.hub import publish_checkpoint
+            from ckpt_tools.hub.push import HubPushError
 
             if delete_dcp:  # the deletion rule, decided before anything is written or sent
                 convert_dcp(source, dry_run=True, delete_dcp=True, **{**options, "progress": False})
 
-            published = publish_checkpoint(
-                source,
-                push_to_hub,
-                private=private,
-                convert=True,
-                delete_dcp=delete_dcp,
-                repo_id_flag="--push-to-hub",
-                **options,
-            )
+            try:
+                published = publish_checkpoint(
+                    source,
+                    push_to_hub,
+                    private=private,
+                    convert=True,
+                    delete_dcp=delete_dcp,
+                    repo_id_flag="--push-to-hub",
+                    **options,
+                )
+            except HubPushError as e:
+                raise _with_retry(e, push_to_hub, private, delete_dcp) from None
             assert published.conversion is not None
             result, pushed = published.conversion, published.push
         else:
@@ -195,6 +202,23 @@ def run_convert(
         emit_json(payload)
         return
     _print_result(result, pushed)
+
+
+def _with_retry(error: HubPushError, repo_id: str, private: bool, delete_dcp: bool) -> HubPushError:
+    """The failed push's line, with the command that retries the push alone (of the converted folder).
+
+    The converted files are kept and verified, so pushing them needs no new conversion; with
+    ``--delete-dcp`` the shards still wait for a push that succeeded, which rerunning this
+    command does (it keeps the verified output, pushes, then deletes).
+    """
+    from ckpt_tools.cli.hub import retry_command
+
+    if error.folder is None:  # pragma: no cover - push_to_hub always names it
+        return error
+    retry = f"retry the push alone with: {retry_command(error.folder, repo_id, private)}"
+    if delete_dcp:
+        retry += " (or rerun this command: it keeps the verified output, pushes, then deletes the shards)"
+    return error.but(retry=retry)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.hub import push_to_hub
+from ckpt_tools.hub.push import HubPushError
 from ckpt_tools.units import human_bytes
 
 PUSH_HELP = f"""Publish a converted checkpoint to the Hugging Face Hub as a model repo.
@@ -22,7 +24,9 @@ from train_config.json unless the folder has its own. A checkpoint holding only 
 refused: run `ckpt-tools convert-dcp` first.
 
 The token comes from HF_TOKEN or the token file of `hf auth login`; it is never printed.
-CKPT_TOOLS_HUB_TIMEOUT (seconds, default 120) bounds each request.
+CKPT_TOOLS_HUB_TIMEOUT (seconds, default 120) bounds each read, write and connect;
+CKPT_TOOLS_HUB_DEADLINE (seconds, default 300, plus the upload's time at 256 KiB/s) each whole
+request; an answer larger than 16 MiB is refused.
 
 \b
 Examples:
@@ -47,14 +51,19 @@ def push(
     no_card: Annotated[bool, typer.Option("--no-card", help="Do not generate a README.md model card.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    result = push_to_hub(
-        path,
-        repo_id,
-        private=private,
-        revision=revision,
-        commit_message=commit_message,
-        model_card=not no_card,
-    )
+    try:
+        result = push_to_hub(
+            path,
+            repo_id,
+            private=private,
+            revision=revision,
+            commit_message=commit_message,
+            model_card=not no_card,
+        )
+    except HubPushError as e:
+        raise e.but(
+            retry=f"retry with: {retry_command(path, repo_id, private, revision, commit_message, no_card)}"
+        ) from None
     if json_out:
         emit_json(result.to_dict())
         return
@@ -67,3 +76,20 @@ def push(
     if result.skipped:
         typer.echo(f"  not uploaded: {', '.join(result.skipped)}")
     typer.echo(f"  {result.commit_url}")
+
+
+def retry_command(
+    path: Path,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    no_card: bool = False,
+) -> str:
+    """The ``ckpt-tools push`` command line that repeats this push, quoted for a POSIX shell."""
+    words = ["ckpt-tools", "push", str(path), "--repo-id", repo_id]
+    words += ["--private"] if private else []
+    words += ["--revision", revision] if revision is not None else []
+    words += ["--commit-message", commit_message] if commit_message is not None else []
+    words += ["--no-card"] if no_card else []
+    return shlex.join(words)

@@ -8,16 +8,18 @@ Nothing here imports ``huggingface_hub`` at module level, so CLI start-up stays 
 
     files.py   what is published from a folder, checked before any network traffic
     card.py    the model card generated from train_config.json / training_step.json
-    push.py    the huggingface_hub calls, client timeouts, error translation
+    push.py    the huggingface_hub calls, error translation (the Hub's failures vs. our own)
+    client.py  the HTTP client of a push: a deadline per request, a cap per answer
     publish.py convert -> verify -> push -> delete, for the CLI and the trainer alike
 """
 
 from ckpt_tools.hub.card import build_model_card
 from ckpt_tools.hub.files import PublishFile, PublishPlan, plan_publish, resolve_publish_folder
 from ckpt_tools.hub.publish import PublishResult, publish_checkpoint
-from ckpt_tools.hub.push import PushResult, UploadedFile, check_repo_id, push_to_hub
+from ckpt_tools.hub.push import HubPushError, PushResult, UploadedFile, check_repo_id, push_to_hub
 
 __all__ = [
+    "HubPushError",
     "PublishFile",
     "PublishPlan",
     "PublishResult",

@@ -13,6 +13,10 @@ the same way, through :func:`publish_checkpoint`:
    ``training_state/``);
 4. with ``delete_dcp``, the converted shards are removed - after the upload succeeded, so a
    failed push leaves the checkpoint exactly as it was plus the verified safetensors.
+
+A push that fails after a conversion says so: its line names the files the conversion wrote
+(or kept) and that the shards were kept - never "no local file was changed", which is only
+true of the push itself. The caller adds the command that retries the push alone.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_tools.errors import UsageError
 from ckpt_tools.format import layout
 from ckpt_tools.hub.files import resolve_publish_folder
-from ckpt_tools.hub.push import PushResult, check_repo_id, push_to_hub
+from ckpt_tools.hub.push import HubPushError, PushResult, check_repo_id, push_to_hub
 
 if TYPE_CHECKING:
     from ckpt_tools.convert import ConvertResult
@@ -81,10 +85,24 @@ def publish_checkpoint(
         folder = conversion.plan.output_dir
     assert folder is not None
     message = commit_message or (CONVERTED_MESSAGE if conversion is not None else None)
-    pushed = push_to_hub(folder, repo_id, private=private, revision=revision, commit_message=message, token=token)
+    try:
+        pushed = push_to_hub(folder, repo_id, private=private, revision=revision, commit_message=message, token=token)
+    except HubPushError as e:
+        if conversion is None:
+            raise
+        raise e.but(local=converted_state(conversion)) from None
     if delete_dcp and conversion is not None:
         conversion = delete_converted_dcp(conversion)
     return PublishResult(conversion, pushed)
+
+
+def converted_state(conversion: ConvertResult) -> str:
+    """What a conversion left on disk, for the line of the push that failed after it."""
+    files = conversion.output_files
+    kept = any(note.startswith("kept the existing") for note in conversion.notes)
+    named = str(files[0]) if len(files) == 1 else f"{len(files)} files in {conversion.plan.output_dir}"
+    done = f"verified the existing {named} (kept)" if kept else f"wrote and verified {named}"
+    return f"{done}; the DCP shards were kept"
 
 
 def _dcp_only(folder: Path) -> bool:

@@ -51,7 +51,12 @@ def test_fault_gives_one_line_and_exit_5_then_a_retry_succeeds(
     errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in failed.stderr, failed.stderr
     assert errors[0].startswith(f"error: Hub push to {REPO} failed {expected}"), errors[0]
-    assert errors[0].endswith("local files untouched; a retry is safe")
+    # What the Hub holds, what happened locally, and the command that retries - which the test then runs.
+    outcome = (
+        "the Hub may or may not have made the commit" if fault in ("timeout", "dropped") else "nothing was published"
+    )
+    assert f"; {outcome}" in errors[0], errors[0]
+    assert errors[0].endswith(f"; no local file was changed; retry with: ckpt-tools push {step.root} --repo-id {REPO}")
     if fault == "timeout":
         assert f"within {TIMEOUT_S} s (set CKPT_TOOLS_HUB_TIMEOUT to wait longer)" in errors[0]
     assert tree_digest(tmp_path) == before
@@ -95,14 +100,15 @@ def test_a_transient_500_mid_upload_is_retried_by_the_client(hub: HubEndpoint, t
     assert all(files[name] == (step.pretrained_model / name).read_bytes() for name in PUBLISHED)
 
 
-def test_client_timeouts_apply_during_a_push_only_and_respect_a_callers_factory() -> None:
+def test_the_bounded_client_applies_during_a_push_only_and_respects_a_callers_factory() -> None:
     import huggingface_hub
     from huggingface_hub.utils import _http
 
-    from ckpt_tools.hub.push import _client_timeouts
+    from ckpt_tools.hub.client import Bounds
+    from ckpt_tools.hub.push import _bounded_client
 
     before = _http._GLOBAL_CLIENT_FACTORY
-    with _client_timeouts(7.0):
+    with _bounded_client(Bounds(7.0, 30.0, 1 << 20)):
         timeout = huggingface_hub.get_session().timeout
         assert (timeout.read, timeout.write, timeout.connect) == (7.0, 7.0, 7.0)
     assert _http._GLOBAL_CLIENT_FACTORY is before
@@ -112,7 +118,24 @@ def test_client_timeouts_apply_during_a_push_only_and_respect_a_callers_factory(
 
     huggingface_hub.set_client_factory(own_factory)
     try:
-        with _client_timeouts(7.0):
+        with _bounded_client(Bounds(7.0, 30.0, 1 << 20)):
             assert _http._GLOBAL_CLIENT_FACTORY is own_factory
     finally:
         huggingface_hub.set_client_factory(before)
+
+
+def test_a_proxy_from_the_environment_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client mounts transports of its own for the environment's proxies; ours replace them."""
+    import huggingface_hub
+
+    from ckpt_tools.hub.client import Bounds
+    from ckpt_tools.hub.push import _bounded_client
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    with _bounded_client(Bounds(7.0, 30.0, 1 << 20)):
+        client = huggingface_hub.get_session()
+        for url, pool in (("https://huggingface.co/api/x", "HTTPProxy"), ("http://localhost/x", "ConnectionPool")):
+            used = client._transport_for_url(client.build_request("GET", url).url)
+            assert type(used).__module__ == "ckpt_tools.hub.client", url
+            assert type(used._pool).__name__ == pool, url

@@ -24,7 +24,10 @@ Endpoints (``{repo}`` is ``namespace/name``; model repos, dataset repos under ``
 
 Fault knobs (:class:`Faults`, route names as in :data:`ROUTES`): ``fail`` answers a status
 (default 500) instead of handling the request, ``hang`` holds the answer until
-:meth:`Faults.release` (or a safety cap), ``drop`` closes the connection without answering;
+:meth:`Faults.release` (or a safety cap), ``drop`` closes the connection without answering,
+``trickle`` answers one byte at a time (of the headers or of the body) every ``interval``
+seconds - each read of the client returns, so no per-read timeout fires - and ``flood``
+answers 200 with a body of ``size`` bytes (announced, or read until the connection closes);
 each takes ``skip`` (let N matching requests through first) and ``times``. ``stop()`` makes the
 port refuse connections; ``start()`` brings the same server back on the same port with its
 repositories intact, so a test can retry.
@@ -164,11 +167,15 @@ class RecordedRequest:
 @dataclass
 class _Fault:
     route: str
-    action: str  # "fail" | "hang" | "drop"
+    action: str  # "fail" | "hang" | "drop" | "trickle" | "flood"
     status: int
     skip: int
     times: int
     then: str = "drop"  # what a hang does once released: "drop" the connection or "answer" normally
+    phase: str = "headers"  # what a trickle sends slowly: "headers" or "body"
+    interval: float = 0.0  # seconds between the bytes of a trickle
+    size: int = 0  # bytes of a flood's body
+    announce: bool = True  # a flood sends Content-Length (else the body ends when the connection closes)
     seen: int = 0
     fired: int = 0
 
@@ -197,6 +204,24 @@ class Faults:
 
     def drop(self, route: str, *, skip: int = 0, times: int = 1) -> None:
         self._add(_Fault(route, "drop", 0, skip, times))
+
+    def trickle(
+        self, route: str, *, phase: str = "headers", interval: float = 0.3, skip: int = 0, times: int = 1
+    ) -> None:
+        """Answer matching requests one byte every ``interval`` s, forever (until :meth:`release` or a cap).
+
+        ``phase="headers"``: the status line, then the headers byte by byte; ``"body"``: complete
+        headers announcing a 1 MB JSON body, then the body byte by byte. Either way every read
+        of the client returns data well within any per-read timeout.
+        """
+        if phase not in ("headers", "body"):
+            raise ValueError("phase must be 'headers' or 'body'")
+        self._released.clear()
+        self._add(_Fault(route, "trickle", 200, skip, times, phase=phase, interval=interval))
+
+    def flood(self, route: str, size: int, *, announce: bool = True, skip: int = 0, times: int = 1) -> None:
+        """Answer matching requests 200 with ``size`` bytes of JSON whitespace, as fast as the client reads."""
+        self._add(_Fault(route, "flood", 200, skip, times, size=size, announce=announce))
 
     def release(self) -> None:
         """Let every hung request go on (the client has usually given up by then)."""
@@ -459,6 +484,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if fault is not None and fault.action == "fail":
                 raise _Reply(fault.status, f"injected failure ({route})")
+            if fault is not None and fault.action in ("trickle", "flood"):
+                status = fault.status
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    if fault.action == "trickle":
+                        self._trickle(fault)
+                    else:
+                        self._flood(fault)
+                return
             try:
                 user, had_auth = self._user()
             except _Reply:
@@ -501,6 +535,34 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _trickle(self, fault: _Fault) -> None:
+        """One byte every ``fault.interval`` s until released, the cap, or the client leaving (OSError)."""
+        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        if fault.phase == "body":
+            self.wfile.write(b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n")
+        self.wfile.flush()
+        deadline = time.monotonic() + HANG_CAP_S
+        filler = b" " if fault.phase == "body" else b"X-Slow: " + b"a" * 1_000_000
+        sent = 0
+        while time.monotonic() < deadline and not self.server_handle.faults._released.wait(fault.interval):
+            self.wfile.write(filler[sent % len(filler) : sent % len(filler) + 1])
+            self.wfile.flush()
+            sent += 1
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _flood(self, fault: _Fault) -> None:
+        """``fault.size`` bytes of body, in 1 MiB writes; the client decides how much of it to read."""
+        head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {fault.size}\r\n" if fault.announce else "Connection: close\r\n"
+        self.wfile.write(head.encode() + b"\r\n")
+        chunk = b" " * (1 << 20)
+        left = fault.size
+        while left > 0:
+            self.wfile.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def _send_error(self, error: _Reply) -> None:
         headers = {"X-Error-Message": error.message}

@@ -288,6 +288,7 @@ class SavedConfig:
         wrap = _get(raw, "accelerator.fsdp.wrap_modules")
         return RunSettings(
             steps=self.steps,
+            seed=_int(raw, "seed"),
             batch_size=self.batch_size,
             save_freq=self.save_freq,
             log_freq=_int(raw, "log_freq"),

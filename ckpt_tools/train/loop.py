@@ -171,6 +171,7 @@ def build_state(
         shards=topology.dp_shard,
         peft=bool(cfg.peft),
         on_host=env.device.type == "cpu",
+        batch_size=cfg.batch_size,
     )
     policy, pre, post = build_policy(cfg, dataset, resuming)
     peft_model = None

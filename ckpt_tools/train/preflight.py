@@ -105,6 +105,7 @@ def _policy(
                 shards=dp_shard,
                 peft=bool(cfg.peft),
                 on_host=launch.on_host,
+                batch_size=cfg.batch_size,
             )
         policy, _, _ = build_policy(cfg, dataset, resuming=True, on_meta=True)  # type: ignore[arg-type]
     except CkptError as e:

@@ -67,6 +67,7 @@ def test_a_policy_too_big_for_this_machine_is_refused_before_allocating() -> Non
         ("--policy.n_heads=3", "--policy.n_heads=3 does not divide --policy.dim_model=32"),
         ("--policy.dim_feedforward=0", "--policy.dim_feedforward=0: must be a positive integer"),
         ("--policy.n_encoder_layers=-1", "--policy.n_encoder_layers=-1: must be an integer ≥ 0"),
+        ("--policy.n_obs_tokens=null", "--policy.n_obs_tokens=None: must be a positive integer"),
     ],
 )
 def test_a_policy_that_cannot_be_built_is_refused_at_start_up(
@@ -86,3 +87,32 @@ def test_ckpt_train_refuses_a_terabyte_config_in_one_line(tmp_path: Path) -> Non
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "parameters need about" in one_error_line(proc) and time.perf_counter() - started < 60
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_step_whose_activations_cannot_fit_is_refused_with_what_to_shrink() -> None:
+    """A long action chunk (attention grows with its square) or a huge batch: few parameters, terabytes in
+    the first forward - which used to be a traceback from the allocator."""
+    long_chunk = ACTConfig(state_dim=14, action_dim=7, dim_model=32, n_heads=2, dim_feedforward=64, chunk_size=200_000)
+    with pytest.raises(ConfigError) as refused:
+        require_fits(long_chunk, batch_size=8)
+    message = str(refused.value)
+    assert "of activations in one step" in message and "choose a smaller --batch_size or --policy.chunk_size" in message
+    tiny = ACTConfig(state_dim=14, action_dim=7, dim_model=32, n_heads=2, dim_feedforward=64)
+    with pytest.raises(ConfigError, match="activations dominate"):
+        require_fits(tiny, batch_size=10**11)
+    assert require_fits(tiny, batch_size=8) is not None  # the test runs fit
+    # Without a batch (an accelerator run: activations live in device memory) they are not counted.
+    assert estimate(long_chunk, on_host=False, batch_size=8).activations == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        ("--seed=99999999999999999999999", "--seed=99999999999999999999999: must lie within ±2**62"),
+        ("--steps=10000000000000000000000", "--steps=10000000000000000000000: at most 1,000,000,000,000"),
+    ],
+)
+def test_numbers_that_overflow_later_are_refused_at_start_up(
+    flag: str, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert refused_in_process([*TINY, flag, f"--output_dir={tmp_path / 'out'}"], capsys).startswith(f"error: {line}")

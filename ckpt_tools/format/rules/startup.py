@@ -23,6 +23,8 @@ SCHEDULER_TYPES = ("cosine", "constant")
 PEFT_METHODS = ("LORA",)
 CHECKPOINT_FORMATS = tuple(f.value for f in CheckpointFormat)
 FLOAT32_MAX = 3.4028234663852886e38  # torch turns AdamW's step size and decay factor into float32 scalars
+MAX_STEPS = 10**12
+SEED_LIMIT = 2**62
 # --save_freq when not given, in loop steps (what --steps counts, as in LeRobot); rounded up to
 # a whole number of accumulation windows by :func:`default_save_freq`.
 DEFAULT_SAVE_FREQ = 50
@@ -47,6 +49,7 @@ class RunSettings:
     """
 
     steps: int | None = None
+    seed: int | None = None
     batch_size: int | None = None
     save_freq: int | None = None
     log_freq: int | None = None
@@ -198,6 +201,13 @@ def _overflows(s: RunSettings) -> list[str]:
 
 def _counts(s: RunSettings) -> list[str]:
     out = []
+    if s.steps is not None and s.steps > MAX_STEPS:
+        out.append(f"--steps={s.steps}: at most {MAX_STEPS:,} (the step counters and sample counts must fit 64 bits)")
+    if s.seed is not None and not -SEED_LIMIT <= s.seed < SEED_LIMIT:
+        out.append(
+            f"--seed={s.seed}: must lie within ±2**62 (the generators are seeded with it plus the epoch, rank and"
+            " step, in 64 bits)"
+        )
     for name, value in (
         ("steps", s.steps),
         ("batch_size", s.batch_size),

@@ -116,6 +116,22 @@ class ACTPolicy(PreTrainedPolicy):
             + d * config.action_dim + config.action_dim  # action_head
         )  # fmt: skip
 
+    @classmethod
+    def activation_bytes(cls, config: PolicyConfig, batch_size: int) -> int | None:
+        """The attention scores and layer outputs each layer keeps for the backward, fp32 (a lower bound:
+        no dropout masks, no intermediate sums)."""
+        assert isinstance(config, ACTConfig)
+        d, ff, heads = config.dim_model, config.dim_feedforward, config.n_heads
+        enc, dec = config.n_obs_tokens, config.chunk_size
+
+        def layer(queries: int, keys: int) -> int:
+            return heads * queries * keys + queries * (4 * d + ff)  # scores, and q/k/v/out + feed-forward
+
+        per_sample = config.n_encoder_layers * layer(enc, enc) + config.n_decoder_layers * (
+            layer(dec, dec) + layer(dec, enc)
+        )
+        return batch_size * per_sample * 4
+
     def decoder_queries(self, batch_size: int) -> torch.Tensor:
         d = self.config.dim_model  # type: ignore[attr-defined]
         return torch.zeros(batch_size, self.config.chunk_size, d, device=self.decoder_pos.weight.device)

@@ -54,6 +54,15 @@ class PreTrainedPolicy(nn.Module):
         """
         return None
 
+    @classmethod
+    def activation_bytes(cls, config: PolicyConfig, batch_size: int) -> int | None:
+        """A lower bound of what one training step's forward keeps for the backward, in bytes (None: unknown).
+
+        A batch or a sequence length that asks for more than the machine holds would otherwise
+        pass start-up and die in the allocator in the first forward.
+        """
+        return None
+
     def save_pretrained(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write config.json and model.safetensors (fp32 master weights unless given otherwise)."""
         directory.mkdir(parents=True, exist_ok=True)

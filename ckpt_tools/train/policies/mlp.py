@@ -37,6 +37,12 @@ class MLPPolicy(PreTrainedPolicy):
         block = h * h + h + 2 * h  # linear + LayerNorm
         return config.state_dim * h + h + config.n_layers * block + h * out + out
 
+    @classmethod
+    def activation_bytes(cls, config: PolicyConfig, batch_size: int) -> int | None:
+        """Each block's input and output per sample, fp32 (a lower bound)."""
+        assert isinstance(config, MLPConfig) and config.action_dim is not None
+        return batch_size * (2 * config.n_layers * config.hidden_dim + config.chunk_size * config.action_dim) * 4
+
     def predict_action_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         x = torch.relu(self.input(batch["observation.state"]))
         for block in self.blocks:

@@ -16,8 +16,12 @@ weights whatever the mixed precision):
   live in device memory, and only the build counts against the host. A PEFT run trains an
   adapter only: its frozen base needs no gradients or optimizer state.
 
-times the processes launched on this host. Activations, batches and the DCP staging copies
-come on top, so passing the check does not promise the run fits; failing it means it cannot.
+- on a CPU run, a lower bound of the activations one step keeps for its backward (each policy's
+  :meth:`~ckpt_tools.train.policies.base.PreTrainedPolicy.activation_bytes`: attention scores
+  grow with the square of ``--policy.chunk_size``, everything with ``--batch_size``);
+
+times the processes launched on this host. Batches and the DCP staging copies come on top, so
+passing the check does not promise the run fits; failing it means it cannot.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ POSITIVE_FIELDS = (
     "n_obs_tokens",
     "hidden_dim",
 )
+FILLED_FROM_DATASET = ("state_dim", "action_dim")  # None until the dataset says (a null elsewhere cannot build)
 COUNT_FIELDS = ("n_encoder_layers", "n_decoder_layers", "n_layers")  # zero layers builds (a degenerate policy)
 
 
@@ -48,6 +53,7 @@ class MemoryEstimate:
     parameters: int
     bytes_per_process: int
     processes: int
+    activations: int = 0  # of bytes_per_process: what one step's forward keeps for the backward
 
     @property
     def total(self) -> int:
@@ -61,9 +67,13 @@ class MemoryEstimate:
 def check_sizes(config: PolicyConfig) -> None:
     """Sizes a policy can be built with: positive dimensions, layer counts ≥ 0, heads dividing the width."""
     for name in POSITIVE_FIELDS + COUNT_FIELDS:
-        value = getattr(config, name, None)
+        if not hasattr(config, name):
+            continue
+        value = getattr(config, name)
         low = 1 if name in POSITIVE_FIELDS else 0
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+        if value is None and name in FILLED_FROM_DATASET:
+            continue
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < low:
             kind = "a positive integer" if low else "an integer ≥ 0"
             raise ConfigError(f"--policy.{name}={value}: must be {kind}")
     heads, width = getattr(config, "n_heads", None), getattr(config, "dim_model", None)
@@ -72,19 +82,30 @@ def check_sizes(config: PolicyConfig) -> None:
 
 
 def estimate(
-    config: PolicyConfig, *, processes: int = 1, shards: int = 1, peft: bool = False, on_host: bool = True
+    config: PolicyConfig,
+    *,
+    processes: int = 1,
+    shards: int = 1,
+    peft: bool = False,
+    on_host: bool = True,
+    batch_size: int | None = None,
 ) -> MemoryEstimate | None:
-    """What ``config`` (state and action sizes filled in) will take on this host (None: the policy cannot say)."""
+    """What ``config`` (state and action sizes filled in) will take on this host (None: the policy cannot say).
+
+    ``batch_size``: per process; with it (on a CPU run) the activations of one step count too.
+    """
     from ckpt_tools.train.policies.registry import POLICY_CLASSES
 
     check_sizes(config)
-    parameters = POLICY_CLASSES[type(config)].parameter_count(config)
+    policy = POLICY_CLASSES[type(config)]
+    parameters = policy.parameter_count(config)
     if parameters is None:
         return None
     per_process = parameters * FP32_BYTES
     if on_host and not peft:
         per_process += -(-parameters * FP32_BYTES * (1 + ADAMW_MOMENTS) // max(1, shards))
-    return MemoryEstimate(parameters, per_process, max(1, processes))
+    activations = (policy.activation_bytes(config, batch_size) or 0) if on_host and batch_size else 0
+    return MemoryEstimate(parameters, per_process + activations, max(1, processes), activations)
 
 
 def available_memory() -> int | None:
@@ -113,18 +134,22 @@ def require_fits(
     peft: bool = False,
     on_host: bool = True,
     available: int | None = None,
+    batch_size: int | None = None,
 ) -> MemoryEstimate | None:
-    """Refuse, in one line, a policy whose weights and training state cannot fit in this host's memory.
+    """Refuse, in one line, a policy whose weights, training state and activations cannot fit in this host's memory.
 
     ``available`` defaults to :func:`available_memory`; with neither known the check is skipped.
     """
-    found = estimate(config, processes=processes, shards=shards, peft=peft, on_host=on_host)
+    found = estimate(config, processes=processes, shards=shards, peft=peft, on_host=on_host, batch_size=batch_size)
     free = available if available is not None else available_memory()
     if found is not None and free is not None and found.total > free:
+        fix = "choose smaller --policy sizes, or shard it (--parallelism.dp_shard) over more machines"
+        if found.activations * 2 > found.bytes_per_process:
+            fix = "choose a smaller --batch_size or --policy.chunk_size (the activations dominate)"
+        acts = f", and {human_bytes(found.activations)} of activations in one step" if found.activations else ""
         raise ConfigError(
             f"--policy.type={config.type}: {found.describe()} (fp32 weights"
-            f"{', gradients and AdamW state' if on_host and not peft else ''}), but this machine has"
-            f" {human_bytes(free)} available; choose smaller --policy sizes, or shard it (--parallelism.dp_shard)"
-            " over more machines"
+            f"{', gradients and AdamW state' if on_host and not peft else ''}{acts}), but this machine has"
+            f" {human_bytes(free)} available; {fix}"
         )
     return found

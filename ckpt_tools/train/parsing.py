@@ -283,13 +283,14 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
 def _not_republished(policy_path: str, repo_id: str) -> str:
     """Why the saved policy's ``repo_id`` is dropped: publishing is this run's own choice.
 
-    A saved policy records the repo it was published to. Carried over, a fine-tune or a LoRA
-    run on it would push its own result over that repo at the end - replacing the base policy
-    others download - without the user having asked to publish at all.
+    A saved policy records the repo its run was to publish to (whether that push happened, or
+    succeeded, the config cannot say). Carried over, a fine-tune or a LoRA run on it would push
+    its own result over that repo at the end - replacing the base policy others download -
+    without the user having asked to publish at all.
     """
     return (
-        f"--policy.path={policy_path} was published to {repo_id}: this run does not publish there"
-        " (pass --policy.repo_id to publish it)"
+        f"--policy.path={policy_path} records policy.repo_id={repo_id} (where its run was to publish):"
+        " this run does not publish there (pass --policy.repo_id to publish it)"
     )
 
 

@@ -6,8 +6,10 @@ A case: copy the base's resume step into a fresh arena (``<case>/ckpt/checkpoint
 (:mod:`.oracles`) and the actual ``ckpt-train --resume=true`` in the base's topology, into the
 arena's copy of the run. The verdicts are then compared with what happened:
 
-- verify *false yes*: exit 0 (warnings count as yes) but the resume was refused, crashed, or
-  ended in another state than the unmutated resume from the same step;
+- verify *false yes*: exit 0 (warnings count as yes) but the resume was refused or crashed,
+  or it ended in another state than the unmutated resume from the same step with no warning
+  saying so - a warning is verify-resume's documented prediction that the resume runs but
+  does not continue as the uninterrupted run would have (an edited config, another topology);
 - verify *false no*: not resumable, but the resume ran and ended exactly as the reference;
 - inspect *false healthy*: exit 0 while a reference reader fails on some data object;
 - inspect *false unhealthy*: a failed check names a data object (a safetensors file, a DCP
@@ -290,7 +292,8 @@ def classify(result: CaseResult) -> dict[str, bool]:
         and any(name == rel or name.startswith(rel + " ") or name.startswith(rel + "/") for rel in objects)
     ]
     return {
-        "verify_false_yes": says_yes and outcome in ("refused", "crash", "different"),
+        "verify_false_yes": says_yes
+        and (outcome in ("refused", "crash") or (outcome == "different" and not verify.get("warned"))),
         "verify_false_no": says_no and outcome == "equal",
         "verify_error": bool(verify.get("error")),
         "inspect_false_healthy": inspect.get("rc") == 0 and not inspect.get("error") and bool(broken),

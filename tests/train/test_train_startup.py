@@ -258,7 +258,8 @@ def test_a_saved_policy_is_not_republished_to_its_repo(tmp_path: Path) -> None:
     assert parsed.cfg.policy is not None and parsed.cfg.policy.repo_id is None and not parsed.cfg.policy.private
     assert parsed.cfg.policy.dim_model == 32  # the rest of the saved config is
     assert parsed.notes == (
-        f"--policy.path={policy} was published to alice/base: this run does not publish there"
+        f"--policy.path={policy} records policy.repo_id=alice/base (where its run was to publish):"
+        " this run does not publish there"
         " (pass --policy.repo_id to publish it)",
     )
     own = parse_train_args(

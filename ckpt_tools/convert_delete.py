@@ -156,11 +156,14 @@ def finish_deletes(leftovers: Iterable[Leftover]) -> list[str]:
 
 
 def remove_own_temporaries(output_dir: Path, names: Iterable[str]) -> list[str]:
-    """Remove the abandoned temporary siblings of ``names`` in ``output_dir`` that a killed conversion left."""
+    """Remove the abandoned temporary siblings a killed conversion left in ``output_dir``: those of
+    ``names``, and those of any other conversion output (a rerun with another ``--dtype`` or shard
+    size writes other names, and would otherwise never remove them)."""
     wanted = set(names)
     notes = []
     for lo in find_leftovers(output_dir):
-        if lo.deleting or lo.target not in wanted or not lo.abandoned:
+        ours = lo.target in wanted or lo.target.endswith((".safetensors", ".safetensors.index.json"))
+        if lo.deleting or not ours or not lo.abandoned:
             continue
         try:
             lo.path.unlink()

@@ -221,22 +221,30 @@ def _with_retry(error: HubPushError, repo_id: str, private: bool, delete_dcp: bo
     return error.but(retry=retry)
 
 
+# Signals whose default action ends the process without unwinding: a closed terminal (SIGHUP),
+# Ctrl-\ (SIGQUIT), a scheduler's stop (SIGTERM). Each unwinds like Ctrl-C instead.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM mid-conversion unwinds like Ctrl-C, so temporary files are removed."""
+    """A SIGTERM, SIGHUP or SIGQUIT mid-conversion unwinds like Ctrl-C, so temporary files are removed
+    and the lock on the output directory is released."""
 
     def _raise(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _raise)
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, _raise)
     except ValueError:  # not the main thread
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _print_result(result: Any, pushed: Any) -> None:

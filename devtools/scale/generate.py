@@ -113,9 +113,10 @@ def _generate(recipe: Recipe, out: Path, checkpoints: Path, name: str, started: 
     optimizer = _dcp(training / layout.OPTIMIZER_DCP_DIR, items, recipe, templates)
     write_pretrained_model(pretrained, recipe.shape, runs.train_config_json(recipe.shape, cfg), recipe.run.dataset_root)
     record = runs.training_step(recipe.world, recipe.run, runs.dataset_size(recipe.run.dataset_root), cfg.seed)
-    write_training_state(training, record, optimizer_state.scheduler, cfg.seed)
+    save_id = save_files.new_save_id()
+    write_training_state(training, record, optimizer_state.scheduler, cfg.seed, save_id)
     steps = layout.StepPaths(partial)  # the record of the save's files, as the trainer's commit writes it
-    save_files.write_record(steps, full=False)  # no full digests: they would read every sparse byte
+    save_files.write_record(steps, save_id, full=False)  # no full digests: they would read every sparse byte
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)

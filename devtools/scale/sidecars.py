@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ckpt_tools.format import layout
-from ckpt_tools.format.record import TrainingStep, training_step_json
+from ckpt_tools.format.record import SAVE_ID_KEY, TrainingStep, training_step_json
 from ckpt_tools.io.fsutil import write_json_atomic
 from devtools.scale.shapes import LlamaShape
 
@@ -35,8 +35,11 @@ def write_pretrained_model(
         pipeline.save(directory)
 
 
-def write_training_state(directory: Path, record: TrainingStep, scheduler: dict[str, Any], seed: int) -> None:
-    """The sidecars of ``training_state/``; ``training_step.json`` last, as the trainer writes it."""
+def write_training_state(
+    directory: Path, record: TrainingStep, scheduler: dict[str, Any], seed: int, save_id: str | None = None
+) -> None:
+    """The sidecars of ``training_state/``; ``training_step.json`` last, as the trainer writes it
+    (stamped with ``save_id`` as the trainer stamps its JSON records)."""
     from ckpt_tools.train.checkpoint import rng
 
     assert record.topology is not None
@@ -46,5 +49,6 @@ def write_training_state(directory: Path, record: TrainingStep, scheduler: dict[
     for r in range(world):
         states[f"rank{r}.torch"] = torch.Generator().manual_seed(seed + 1 + r).get_state()
     rng.save_rng_states(states, directory / layout.RNG_STATE, world)
-    write_json_atomic(directory / layout.SCHEDULER_STATE, scheduler)
-    (directory / layout.TRAINING_STEP).write_text(training_step_json(record))
+    stamp = {SAVE_ID_KEY: save_id} if save_id is not None else {}
+    write_json_atomic(directory / layout.SCHEDULER_STATE, {**scheduler, **stamp})
+    (directory / layout.TRAINING_STEP).write_text(training_step_json(record, save_id))

@@ -158,8 +158,10 @@ def test_metadata_that_does_not_cover_the_model(fsdp: Path, tmp_path: Path) -> N
         fsdp, tmp_path / "o", lambda d: _drop_from_metadata(d / OPTIM_DCP, lambda k: k.endswith(".exp_avg_sq"))
     )
     assert "lacks exp_avg_sq" in failed(verify_resume(optim))["optimizer-coverage"]
-    proc = resume(model, tmp_path / "out", *ONE_PROCESS)  # the strict DCP load refuses it too
-    assert proc.returncode != 0 and "DCP load failed" in proc.stderr
+    proc = resume(model, tmp_path / "out", *ONE_PROCESS)  # the load refuses it, before torch's load does
+    load_plan = failed(verify_resume(model))["load-plan"]  # the trainer's own comparison, the same line
+    assert proc.returncode == 3 and f"error: {load_plan}" in proc.stderr.splitlines(), proc.stderr
+    assert "its weights do not fit the model" in load_plan
 
 
 def test_legacy_layout() -> None:
@@ -210,7 +212,13 @@ def test_train_config_that_disagrees_with_the_record(fsdp: Path, tmp_path: Path)
     assert report.resumable  # the training core resumes it, with train_config.json's batch size ...
     assert statuses(report)["config-vs-record"] == statuses(report)["data-order"] == "warn"
     assert "batch_size 4 (config) vs 8 (record)" in {c.name: c.message for c in report.checks}["config-vs-record"]
-    assert set(failed(verify_resume(batch, strict=True))) == {"config-vs-record", "data-order", "effective-batch"}
+    # The edit of train_config.json changes the run (config-edits), as the disagreement with the record says.
+    assert set(failed(verify_resume(batch, strict=True))) == {
+        "config-vs-record",
+        "config-edits",
+        "data-order",
+        "effective-batch",
+    }
 
 
 def test_dataset_gone(fsdp: Path, tmp_path: Path) -> None:

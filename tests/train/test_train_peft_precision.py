@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from ckpt_tools.resume.plan import plan_reshard
 from ckpt_tools.resume.target import TargetRequest
 from ckpt_tools.resume.verify import verify_resume
-from devtools.training import TINY, dcp_to_dict, losses, ok, step_dir, train
+from devtools.training import TINY, dcp_to_dict, losses, ok, step_dir, train, unstamped_json
 from tests.support.resume_audit import assert_plan_is_true
 
 pytestmark = pytest.mark.torchrun
@@ -268,13 +268,13 @@ def test_fp16_sharded_scaler_state_is_saved_and_restored(tmp_path: Path) -> None
     ok(train(*TINY, *common, "--steps=16", "--save_freq=8", f"--output_dir={out}", nproc=2))
     values = losses(out)
     assert sum(values[-4:]) < sum(values[:4])
-    scaler = json.loads((step_dir(out, 16) / "training_state/scaler_state.json").read_text())
+    scaler = unstamped_json(step_dir(out, 16) / "training_state/scaler_state.json")  # its save's id aside
     assert scaler["scale"] < 65536.0  # the scaler backed off on overflowing steps, identically on every rank
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(step_dir(out, 8), resumed / "checkpoints" / "000008")
     ok(train("--resume=true", f"--config_path={resumed / 'checkpoints/000008'}", f"--output_dir={resumed}", nproc=2))
-    assert json.loads((step_dir(resumed, 16) / "training_state/scaler_state.json").read_text()) == scaler
+    assert unstamped_json(step_dir(resumed, 16) / "training_state/scaler_state.json") == scaler
     a = dcp_to_dict(step_dir(resumed, 16) / "pretrained_model/pytorch_model_fsdp_0", tmp_path)["model"]
     b = dcp_to_dict(step_dir(out, 16) / "pretrained_model/pytorch_model_fsdp_0", tmp_path)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -301,6 +301,7 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
     cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
     assert cfg.run_settings() == RunSettings(
         steps=9,
+        seed=1000,
         batch_size=4,
         save_freq=6,
         log_freq=3,

@@ -83,8 +83,14 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
         if check is not None:
             checks.append(check)
     if not any(c.name == "config-builds" and c.failed for c in checks):
-        checks += _build_checks(source, target)
+        checks += [c for c in _build_checks(source, target) if not _said_by_dataset_check(c, source)]
     return checks
+
+
+def _said_by_dataset_check(check: Check, source: ResumeSource) -> bool:
+    """A dataset directory that does not exist: the ``dataset`` check names it already (one line, not two)."""
+    root = source.config.dataset_root if source.config is not None else None
+    return check.name == "dataset-loads" and check.failed and root is not None and not Path(root).expanduser().is_dir()
 
 
 def _config_builds(source: ResumeSource, target: ResumeTarget) -> Check | None:
@@ -111,7 +117,7 @@ def _build_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     against it (:func:`ckpt_tools.train.preflight.build_checks`); only where torch is installed."""
     if _lerobot(target) or source.config is None or target.topology is None:
         return []  # LeRobot builds its own policy; a refused topology stops before any build
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("draccus") is None:
+    if not (_importable("torch") and _importable("draccus")):
         return [
             Check.ok(
                 "policy-builds",
@@ -128,6 +134,14 @@ def _build_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
         return []  # config-builds said why
     launch = Launch(target.world_size, target.world_size, on_host=True, check_memory=False)
     return [c for c in build_checks(cfg, source.paths.root, launch) if c.name != "world"]
+
+
+def _importable(name: str) -> bool:
+    """Whether ``name`` could be imported here (an environment that blocks it counts as without)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _output(source: ResumeSource, target: ResumeTarget) -> Check | None:

@@ -15,7 +15,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -74,24 +73,31 @@ def test_a_trickling_server_ends_the_push_at_the_deadline(
     assert tree_digest(tmp_path) == before
 
 
+# Runs the CLI and writes its own peak RSS (VmHWM of its address space) at exit. Not wait4's
+# ru_maxrss: that counts the pages of the (large) pytest process the child was forked from.
+_MEASURED = (
+    "import atexit, os, re, runpy, sys\n"
+    "def peak():\n"
+    "    status = open('/proc/self/status').read()\n"
+    "    open(os.environ['PEAK_RSS_FILE'], 'w').write(re.search(r'VmHWM:\\s+(\\d+)', status).group(1))\n"
+    "atexit.register(peak)\n"
+    "sys.argv = ['ckpt-tools', *sys.argv[1:]]\n"
+    "runpy.run_module('ckpt_tools.cli', run_name='__main__')\n"
+)
+
+
 def _run_measured(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, int]:
-    """Run ``ckpt-tools ARGS``; return its exit code, stderr and peak RSS in bytes (its own, via wait4)."""
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ckpt_tools.cli", *args],
-            env=no_torch_env(env),
+    """Run ``ckpt-tools ARGS``; return its exit code, stderr and its own peak RSS in bytes."""
+    with tempfile.TemporaryDirectory() as scratch:
+        peak_file = Path(scratch) / "peak"
+        proc = subprocess.run(
+            [sys.executable, "-c", _MEASURED, *args],
+            env={**no_torch_env(env), "PEAK_RSS_FILE": str(peak_file)},
             stdout=subprocess.DEVNULL,
-            stderr=err,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
         )
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _pid, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        return proc.returncode, err.read().decode(errors="replace"), usage.ru_maxrss * 1024
+        return proc.returncode, proc.stderr.decode(errors="replace"), int(peak_file.read_text()) * 1024
 
 
 @pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])

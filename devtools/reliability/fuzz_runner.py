@@ -325,6 +325,13 @@ class CaseResult:
     elapsed_s: float = 0.0  # the readers' wall time, in the fenced child
     outside_writes: list[str] = field(default_factory=list)
     sources_deleted: list[str] = field(default_factory=list)
+    # The output and race rules (devtools/reliability/fuzz_cli.py, fuzz_hostile.py, fuzz_races.py):
+    raw_outputs: list[str] = field(default_factory=list)  # human output holding a raw control character
+    bad_exits: list[str] = field(default_factory=list)  # an exit code that is not documented (or expected)
+    files_lost: list[str] = field(default_factory=list)  # a file that existed before the case, gone
+    files_replaced: list[str] = field(default_factory=list)  # a file that existed before, other bytes now
+    locks_left: list[str] = field(default_factory=list)  # a lock file no live or killed owner explains
+    temporaries_left: list[str] = field(default_factory=list)  # a temporary no killed writer explains
 
     @property
     def ok(self) -> bool:

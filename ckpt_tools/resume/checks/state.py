@@ -82,7 +82,7 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     for check in (_config_builds(source, target), _output(source, target)):
         if check is not None:
             checks.append(check)
-    if not any(c.name == "config-builds" and c.failed for c in checks):
+    if not any(c.failed for c in checks):  # the build is the trainer's next step only past every file check
         checks += [c for c in _build_checks(source, target) if not _said_by_dataset_check(c, source)]
     return checks
 

@@ -245,7 +245,7 @@ def hparams(case: Case, rng: random.Random) -> Mutation:
             return maybe_reseal(case, rng, mutation, 0.6)
     if where == "scheduler" and case.exists(SCHEDULER):
         doc = _json(case, SCHEDULER)
-        keys = [p for p in _leaf_paths(doc) if isinstance(_get(doc, p), (int, float, list))]
+        keys = [p for p in _leaf_paths(doc) if _numeric(_get(doc, p))]
         if keys:
             path = rng.choice(keys)
             old = _get(doc, path)
@@ -644,3 +644,10 @@ LEROBOT_FAMILIES = (
     "file_swap",
     "truncate",
 )
+
+
+def _numeric(value: Any) -> bool:
+    """A number, or a list of numbers (``lr_lambdas`` is a list of nulls: nothing to scale)."""
+    if isinstance(value, list):
+        return bool(value) and all(_numeric(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

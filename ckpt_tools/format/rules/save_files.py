@@ -49,6 +49,7 @@ Both schemas are read; entries of a schema-1 record simply have no full digest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -128,7 +129,8 @@ def record(
         if rel != own:
             files[rel] = _entry(path, written.get(rel), full)
         if rel == KEPT_CONTENT and files[rel]["size"] <= CONTENT_LIMIT:
-            files[rel]["content"] = read_json_file(path, want_object=True)
+            with contextlib.suppress(CkptError):  # not a JSON object: no content to compare an edit with
+                files[rel]["content"] = read_json_file(path, want_object=True)
     return {"schema": SCHEMA, "save_id": save_id, "files": files}
 
 

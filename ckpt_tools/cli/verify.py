@@ -63,6 +63,13 @@ def verify_resume_command(
     output_dir: opt.OutputDirOpt = None,
     overwrite_checkpoints: opt.OverwriteCheckpointsOpt = False,
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures.")] = False,
+    skip_build: Annotated[
+        bool,
+        typer.Option(
+            "--skip-build",
+            help="Skip the trainer's build checks (dataset, policy on the meta device, load plan): torch-free, faster.",
+        ),
+    ] = False,
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
@@ -70,7 +77,7 @@ def verify_resume_command(
 
     request = opt.target_request(locals())
     with opt.fresh_reads(no_cache):
-        report = verify_resume(checkpoint, request, config=config, strict=strict)
+        report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
     if json_out:
         emit_json(report.to_dict())
     else:

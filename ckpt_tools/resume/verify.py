@@ -63,6 +63,7 @@ def verify_resume(
     *,
     config: str | os.PathLike[str] | None = None,
     strict: bool = False,
+    build: bool = False,
 ) -> VerifyReport:
     """Check every precondition of resuming ``checkpoint`` as ``request`` describes the resumed run.
 
@@ -72,6 +73,9 @@ def verify_resume(
     :class:`~ckpt_tools.errors.UsageError` for impossible values and
     :class:`~ckpt_tools.errors.CheckpointError` when ``checkpoint`` is not a checkpoint at all
     (or ``config`` is unreadable); a checkpoint that is there but broken yields failed checks.
+    ``build``: also run the trainer's build before its first step (dataset, the policy on the
+    meta device, the weights against it) - it imports torch where installed, which the command
+    line does by default (``--skip-build``) and a library caller asks for.
     """
     request = request or TargetRequest()
     target_config = read_saved_config(config) if config is not None else None
@@ -93,7 +97,7 @@ def verify_resume(
     )
     report.target = target.topology.describe() if target.topology else None
     report.trainer = target.trainer.value
-    report.checks = resume_checks(source, target)
+    report.checks = resume_checks(source, target, build=build)
     return report
 
 

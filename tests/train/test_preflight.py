@@ -20,6 +20,7 @@ from ckpt_tools.format.rules import load_plan
 from ckpt_tools.resume.verify import verify_resume
 from devtools.procs import REPO
 from devtools.training import TINY, step_dir, train
+from tests.support.cli import invoke_cli
 
 
 def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -79,7 +80,7 @@ def test_a_dataset_of_other_sizes_is_one_line_for_the_dry_run_the_resume_and_ver
     assert (dry.returncode, real.returncode) == (2, 2), (dry.stderr[-2000:], real.stderr[-2000:])
     line = "--policy.state_dim=14 does not match the dataset (12)"
     assert error_lines(dry) == error_lines(real) == [line]
-    verdict = verify_resume(step)
+    verdict = verify_resume(step, build=True)
     assert not verdict.resumable
     assert [(c.name, c.message) for c in verdict.failures] == [("policy-builds", line)]
 
@@ -104,5 +105,7 @@ def test_weights_that_do_not_fit_the_configured_model_are_one_line_everywhere(
         assert error_lines(dry) == error_lines(real), name
         (line,) = error_lines(real)
         assert "its weights do not fit the model: encoder.layers.0.linear1.weight is [64, 32]" in line, line
-        verdict = verify_resume(step)
-        assert [(c.name, c.message) for c in verdict.failures] == [("load-plan", line)], name
+        shown = json.loads(invoke_cli("verify-resume", str(step), "--json").stdout)  # the command builds by default
+        assert [(c["name"], c["message"]) for c in shown["checks"] if c["status"] == "fail"] == [("load-plan", line)]
+        skipped = json.loads(invoke_cli("verify-resume", str(step), "--json", "--skip-build").stdout)
+        assert "load-plan" not in [c["name"] for c in skipped["checks"]], name

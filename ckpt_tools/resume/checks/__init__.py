@@ -21,12 +21,14 @@ from ckpt_tools.resume.target import ResumeTarget
 __all__ = ["resume_checks"]
 
 
-def resume_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+def resume_checks(source: ResumeSource, target: ResumeTarget, *, build: bool = False) -> list[Check]:
     """All checks, structural ones first (the first failure is usually the one to fix).
 
-    A layout the trainer never resumes stops there: no setting makes it resumable.
+    A layout the trainer never resumes stops there: no setting makes it resumable. ``build``:
+    also the trainer's own build before its first step (dataset, policy, load plan), which
+    imports torch (:func:`ckpt_tools.train.preflight.build_checks`).
     """
-    state = state_checks(source, target)
+    state = state_checks(source, target, build=build)
     if any(c.name == "layout" and c.failed for c in state):
         return state
     return [*state, *settings_checks(source, target)]

@@ -45,7 +45,7 @@ from ckpt_tools.st.header import SafetensorsHeader, read_header
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
 
 
-def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
+def state_checks(source: ResumeSource, target: ResumeTarget, *, build: bool = False) -> list[Check]:
     record, paths = source.record, source.paths
     trainer = _trainer(source, target)
     reason = unresumable_reason(paths, record, has_optimizer=source.optimizer is not None, trainer=target.trainer)
@@ -82,7 +82,7 @@ def state_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     for check in (_config_builds(source, target), _output(source, target)):
         if check is not None:
             checks.append(check)
-    if not any(c.failed for c in checks):  # the build is the trainer's next step only past every file check
+    if build and not any(c.failed for c in checks):  # the trainer's next step, only past every file check
         checks += [c for c in _build_checks(source, target) if not _said_by_dataset_check(c, source)]
     return checks
 

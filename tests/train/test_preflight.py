@@ -100,10 +100,11 @@ def test_weights_that_do_not_fit_the_configured_model_are_one_line_everywhere(
         args += one_process if name == "hsdp" else ()
 
         dry = train(*args, "--dry_run=true", timeout=120)
-        real = train(*args, timeout=120)
-        assert (dry.returncode, real.returncode) == (3, 3), (name, dry.stderr[-2000:], real.stderr[-2000:])
-        assert error_lines(dry) == error_lines(real), name
-        (line,) = error_lines(real)
+        assert dry.returncode == 3, (name, dry.stderr[-2000:])
+        if name == "ddp":  # the real resume stops on the same line (its load calls the same rule)
+            real = train(*args, timeout=120)
+            assert real.returncode == 3 and error_lines(dry) == error_lines(real), (name, real.stderr[-2000:])
+        (line,) = error_lines(dry)
         assert "its weights do not fit the model: encoder.layers.0.linear1.weight is [64, 32]" in line, line
         shown = json.loads(invoke_cli("verify-resume", str(step), "--json").stdout)  # the command builds by default
         assert [(c["name"], c["message"]) for c in shown["checks"] if c["status"] == "fail"] == [("load-plan", line)]

@@ -26,11 +26,11 @@ from tests.support.dcp_fixtures import save_model_dcp
 
 @pytest.fixture(scope="module")
 def big_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """DCP shards large enough (256 MiB) that a conversion is still writing when the signal comes."""
+    """DCP shards large enough (128 MiB) that a conversion is still writing when the signal comes."""
     directory = tmp_path_factory.mktemp("big") / "dcp"
     rng = np.random.default_rng(0)
     save_model_dcp(
-        directory, {f"layer{i}.weight": rng.standard_normal((2048, 4096), dtype=np.float32) for i in range(8)}
+        directory, {f"layer{i}.weight": rng.standard_normal((2048, 4096), dtype=np.float32) for i in range(4)}
     )
     return directory
 

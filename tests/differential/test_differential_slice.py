@@ -19,9 +19,8 @@ from devtools.differential.bases import build_trainer_base, lerobot_base
 from devtools.differential.runner import Campaign, CaseResult
 
 SEED = 2026
-# Two families whose verdicts the trainer's real resume decides (a refusal, and a run that ends
-# elsewhere under a warning); the others are the full campaign's.
-SINGLE_FAMILIES = ["config_unbuildable", "hparams"]
+# A family whose verdicts the trainer's real resume decides; the others are the full campaign's.
+SINGLE_FAMILIES = ["config_unbuildable"]
 
 
 def run_slice(work: Path, base_name: str, families: list[str], sibling: bool) -> list[CaseResult]:

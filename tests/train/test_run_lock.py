@@ -55,7 +55,7 @@ def test_a_run_on_two_hosts_owns_its_output_dir_until_it_is_killed(tmp_path: Pat
     """Two torchrun agents on loopback as two hosts; a third "host" is refused, then, once the job is
     killed outright, waits out the lease of its stopped heartbeat and takes over."""
     out = tmp_path / "run"
-    lease = {"CKPT_TOOLS_LOCK_HEARTBEAT_S": "0.3", "CKPT_TOOLS_LOCK_LEASE_S": "4"}
+    lease = {"CKPT_TOOLS_LOCK_HEARTBEAT_S": "0.3", "CKPT_TOOLS_LOCK_LEASE_S": "2.5"}
     wrappers = {node: ["env", f"CKPT_TOOLS_HOST_ID=host-{node}"] for node in (0, 1)}
     results: list[object] = []
     job = threading.Thread(

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.io.fsutil import process_alive
 from ckpt_tools.io.host import host_identity
 
 LOCK_NAME = ".ckpt-tools.lock"
@@ -233,7 +234,7 @@ def judge(owner: Owner | None, age: float | None) -> tuple[str, float]:
     if owner is not None and owner.host == host and owner.boot == boot:
         if owner.pid == os.getpid():  # this process: live while it holds that lock
             return ("live", 0.0) if owner.token in _HELD else ("abandoned", 0.0)
-        alive = process_start(owner.pid) == owner.started if owner.started else _pid_alive(owner.pid)
+        alive = process_start(owner.pid) == owner.started if owner.started else process_alive(owner.pid)
         return ("live", 0.0) if alive else ("abandoned", 0.0)
     if age >= LEASE_S:
         return "abandoned", 0.0
@@ -241,13 +242,3 @@ def judge(owner: Owner | None, age: float | None) -> tuple[str, float]:
         # Being written this instant, or its heartbeat is late: the lease decides, soon.
         return "waiting", min(LEASE_S - age, max(HEARTBEAT_S, 0.1))
     return "live", 0.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

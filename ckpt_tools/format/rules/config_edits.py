@@ -2,7 +2,7 @@
 
 ``train_config.json`` is the user's to edit: a moved dataset or output directory is fixed there,
 and a resume starts from it. But most of its fields decide the numbers - the gradient clip, the
-warm-up, the schedule's length and floor, dropout, the seed - and a resume from an edited file
+warm-up, the schedule's length and floor, dropout, the random seed - and a resume from an edited file
 runs with the edited values: a continuation that differs from what the saved run would have
 done, with nothing saying so (the save's files are the save's; only the config changed). The
 record of the save's files keeps the config as it was saved (:mod:`.save_files`), so the change

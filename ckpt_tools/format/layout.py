@@ -323,7 +323,7 @@ def locate(path: str | os.PathLike[str]) -> Located:
     """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known."""
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"{p}: no such file or directory")
+        raise CheckpointError(missing_path_message(p))
     if p.is_file():
         if p.name.endswith(".safetensors"):
             step = _enclosing_step(p.parent)
@@ -355,6 +355,28 @@ def locate(path: str | os.PathLike[str]) -> Located:
         f"{p}: not a checkpoint (no pretrained_model/, training_state/, .metadata, *.safetensors, checkpoints/"
         " or step-N/ found)"
     )
+
+
+STEPS_NAMED = 5  # newest step names a "no such" message lists (a run may hold thousands)
+
+
+def missing_path_message(path: Path) -> str:
+    """One line for a path that does not exist, naming the steps that do where it is in a run.
+
+    A mistyped step number is the common case: ``.../checkpoints/000099`` says which steps the
+    checkpoints root holds and where ``last`` points, instead of a bare "no such file".
+    """
+    for ancestor in list(path.parents)[:3]:
+        root = ancestor / CHECKPOINTS_DIR if (ancestor / CHECKPOINTS_DIR).is_dir() else ancestor
+        steps = list_step_dirs(root) if root.is_dir() else []
+        under_root = path.relative_to(root).parts[:1] if path.is_relative_to(root) else ()
+        if steps and under_root and not (root / under_root[0]).exists():
+            newest = [step.name for step in steps[-STEPS_NAMED:]]
+            shown = ", ".join(newest) if len(steps) <= STEPS_NAMED else f"..., {', '.join(newest)}"
+            last = resolve_last(root)
+            where = f"; {LAST_LINK} is {last.name}" if last is not None else ""
+            return f"{path}: no such step; {root} holds {len(steps)} step(s): {shown}{where}"
+    return f"{path}: no such file or directory"
 
 
 def resolve_step(path: str | os.PathLike[str]) -> StepPaths:

@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ckpt_tools.cli.untrusted import echo
+from ckpt_tools.cli.untrusted import echo, printable
 from ckpt_tools.errors import CkptError, ConfigError, ExitCode, PeerLost, WriteError
 from ckpt_tools.train import import_heap
 from ckpt_tools.train.env_guard import env_rank
+from ckpt_tools.train.report.launcher import record_for_launcher
 
 PEER_LOST_GRACE_S = 3.0
 # What the `training` extra brings that every launch imports; a PEFT run also needs peft (the
@@ -132,7 +133,10 @@ def _dry_run_exit(cfg: TrainConfig, resume_from: Path | None, is_main: bool) -> 
             echo(f"dry run: every check passed; this launch would {what} (nothing was written)")
         else:
             echo(f"error: {failed.message}", err=True)
-    sys.exit(0 if failed is None else int(ExitCode.BAD_INPUT if failed.name == "load-plan" else ExitCode.USAGE))
+    code = 0 if failed is None else int(ExitCode.BAD_INPUT if failed.name == "load-plan" else ExitCode.USAGE)
+    if failed is not None and is_main:
+        record_for_launcher(printable(f"error: {failed.message}"), code)
+    sys.exit(code)
 
 
 def _require_training_extra(modules: tuple[str, ...]) -> None:
@@ -250,11 +254,11 @@ def _fail(error: CkptError, is_main: bool, collective_started: bool = False) -> 
     comes, that is when the verdict was its own.
     """
     code = int(getattr(error, "exit_code", ExitCode.USAGE))
+    line = f"error: rank {env_rank()}: {error}" if not is_main else f"error: {error}"
     if not is_main:  # only ranks other than 0 of a multi-process job
         _await_launcher_stop(code)
-        echo(f"error: rank {env_rank()}: {error}", err=True)
-    else:
-        echo(f"error: {error}", err=True)
+    echo(line, err=True)
+    record_for_launcher(printable(line), code)
     sys.stdout.flush()
     sys.stderr.flush()
     if collective_started:

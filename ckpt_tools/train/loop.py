@@ -128,16 +128,21 @@ def _run_owned(cfg: TrainConfig, env: DistEnv, resume_from: Path | None, topolog
     state, dataset, counts = build_state(cfg, env, topology, resuming=resume_from is not None)
     startup.mark("build")
     manager = CheckpointManager(state)
-    banner = banner_lines(cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none")
+    report = None
+    if resume_from is not None:
+        report = manager.load(resume_from)
+        startup.mark("load")
+    start_step = report.step if report is not None else 0
+    banner = banner_lines(
+        cfg, topology, state.parallel, state.precision, *counts, len(dataset), env.backend or "none", start_step
+    )
     if env.distributed:
         banner.append(f"  groups      {mesh_groups(env, state.parallel.mesh).describe()}")
     for line in banner:
         log(env, line)
     for warning in state.parallel.warnings:
         log(env, f"warning: {warning}")
-    if resume_from is not None:
-        report = manager.load(resume_from)
-        startup.mark("load")
+    if report is not None:
         position = state.sampler.position()
         log(
             env,

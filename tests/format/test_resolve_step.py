@@ -119,3 +119,20 @@ def test_the_trainer_names_the_flag_when_the_path_is_no_checkpoint(tmp_path: Pat
 
     with pytest.raises(CheckpointError, match=rf"^--config_path={tmp_path}: not a checkpoint"):
         parse_train_config(["--resume=true", f"--config_path={tmp_path}"])
+
+
+def test_a_step_that_does_not_exist_names_the_steps_there(step: StepDir) -> None:
+    """A mistyped step number lists what the run holds, for every tool (one resolver); a missing
+    file inside an existing step stays a plain "no such file"."""
+    typo = step.checkpoints / "000099"
+    with pytest.raises(CheckpointError) as error:
+        layout.resolve_step(typo / layout.PRETRAINED_MODEL_DIR)
+    assert str(error.value) == (
+        f"{typo / layout.PRETRAINED_MODEL_DIR}: no such step; {step.checkpoints} holds 2 step(s): 004000, 005000;"
+        " last is 005000"
+    )
+    with pytest.raises(CheckpointError, match=r"no such step; .* holds 2 step"):
+        verify_resume(typo)
+    inside = step.root / layout.PRETRAINED_MODEL_DIR / "missing.safetensors"
+    with pytest.raises(CheckpointError, match=r"missing\.safetensors: no such file or directory$"):
+        layout.resolve_step(inside)

@@ -80,7 +80,10 @@ def test_single_process_resume_with_grad_accumulation_is_bit_exact(tmp_path: Pat
     assert "lr_scheduler.step()" not in proc.stderr  # the schedule runs per loop step by design: no torch warning
     out = tmp_path / "resumed"
     ckpt = copy_checkpoint(full, 4, out)
-    ok(train(*resume_args(ckpt, out)))
+    resumed = ok(train(*resume_args(ckpt, out)))
+    assert "; 8 steps = 4 optimizer updates," in proc.stdout
+    # The banner of a resume counts what this launch still does, beside the run's total.
+    assert "resuming after step 4: 4 of 8 steps left = 2 optimizer updates," in resumed.stdout, resumed.stdout
     assert_tensors_equal(gathered_weights(out, 8), gathered_weights(full, 8))
     assert_tensors_equal(flat_optimizer(step_dir(out, 8)), flat_optimizer(step_dir(full, 8)))
     record = (step_dir(full, 8) / "training_state/training_step.json").read_text()

@@ -403,6 +403,11 @@ def test_a_multiprocess_refusal_is_one_line_from_rank_0(tmp_path: Path) -> None:
     assert len(ours) == 1, proc.stderr  # printed by rank 0 only
     assert "the MLPPolicy policy declares no _fsdp_wrap_modules: pass --accelerator.fsdp.wrap_modules" in ours[0]
     assert "step 1:" not in proc.stdout  # refused before any step ran
+    # torchrun's failure summary names the line and ckpt-train's exit code as its root cause
+    # (the error file), not only "error_file: <N/A>" and a link.
+    root_cause = proc.stderr.split("Root Cause", 1)[1]
+    assert f"traceback : {ours[0]}" in root_cause, root_cause
+    assert "(ckpt-train exit code 2: the launcher itself always exits 1)" in root_cause
 
 
 @pytest.mark.torchrun

@@ -249,6 +249,12 @@ def parallelize(
         # and the runs drift apart (measured: DDP(4), one ulp at the second step after the
         # resume). find_unused_parameters=True keeps the initial buckets for the whole run
         # (the reducer never rebuilds them then), at the cost of one autograd-graph walk per step.
+        # torch's reducer then prints, from C++ and once per rank, that no parameter was unused
+        # (no Python filter reaches it): the banner says why the setting is deliberate instead.
+        notes.append(
+            "DDP keeps its first gradient buckets (find_unused_parameters=True) so a resume sums gradients"
+            " in the same order: torch's warning about it, once per rank, is expected"
+        )
         wrapped = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True)
         return ParallelModel(wrapped, model, layout, dp_replicate, 1, notes=notes)
     return _shard(model, policy_class, env, layout, dp_replicate, dp_shard, fsdp, precision)

@@ -19,17 +19,27 @@ def banner_lines(
     n_trainable: int,
     dataset_size: int,
     backend: str,
+    start_step: int = 0,
 ) -> list[str]:
+    """The lines printed once at start-up; on a resume (``start_step`` > 0) the step, update and
+    sample counts are what this launch still has to do, which is what a user sizing a restart
+    wants to read, with the run's total beside them."""
     assert cfg.policy is not None
     batch = BatchFactorization(cfg.batch_size, topology.dp_world_size, cfg.grad_accum_steps)
-    updates = -(-cfg.steps // cfg.grad_accum_steps)
-    samples = cfg.steps * batch.samples_per_step
+    remaining = max(0, cfg.steps - start_step)
+    updates = -(-cfg.steps // cfg.grad_accum_steps) - start_step // cfg.grad_accum_steps
+    samples = remaining * batch.samples_per_step
+    plan = (
+        f"{cfg.steps} steps = {updates} optimizer updates"
+        if start_step == 0
+        else f"resuming after step {start_step}: {remaining} of {cfg.steps} steps left = {updates} optimizer updates"
+    )
     lines = [
         f"ckpt-train: policy {cfg.policy.type}, {n_params:,} parameters ({n_trainable:,} trainable)",
         f"  layout      {topology.describe()}, backend {backend}",
         f"  batch       {batch.describe()}",
-        f"              one step consumes {batch.samples_per_step} samples; {cfg.steps} steps ="
-        f" {updates} optimizer updates, {samples:,} samples ({samples / dataset_size:.2f} epochs of {dataset_size:,})",
+        f"              one step consumes {batch.samples_per_step} samples; {plan},"
+        f" {samples:,} samples ({samples / dataset_size:.2f} epochs of {dataset_size:,})",
         f"  precision   {precision.describe()}",
     ]
     if parallel.sharded:

@@ -29,12 +29,15 @@ from tests.support.shared import shared_dir
 def _private_cache() -> None:
     """The tools' index cache in a folder of this test session (inherited by every launched
     process), never the user's ``~/.cache``: a test sees no entry an earlier run left."""
+    import atexit
+    import shutil
     import tempfile
 
     from ckpt_tools.dcp.cache import CACHE_DIR_ENV
 
     if CACHE_DIR_ENV not in os.environ:
-        os.environ[CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="ckpt-tools-cache-")
+        os.environ[CACHE_DIR_ENV] = folder = tempfile.mkdtemp(prefix="ckpt-tools-cache-")
+        atexit.register(shutil.rmtree, folder, True)  # the session that made it removes it
 
 
 _private_cache()

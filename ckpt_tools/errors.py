@@ -8,6 +8,7 @@ never show a traceback for these. Anything else escaping is a bug in ckpt_tools.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from enum import IntEnum
 
 
@@ -102,11 +103,11 @@ def shown(value: object, limit: int = 80) -> str:
     kind = type(value)
     if value is None or kind is bool or kind is float:
         return repr(value)
-    if kind is int:
+    if isinstance(value, int) and kind is int:
         return repr(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
-    if kind is str or kind is bytes:
+    if isinstance(value, (str, bytes)) and (kind is str or kind is bytes):
         text = repr(value[:limit])
         return text + "..." if len(value) > limit else text
-    if kind in (list, tuple, dict, set, frozenset):
+    if isinstance(value, Sized) and kind in (list, tuple, dict, set, frozenset):
         return f"a {kind.__name__} of {len(value)} items"
     return f"a {kind.__name__}"

@@ -190,7 +190,7 @@ class ArchiveChecker:
         """Row ``i``'s (of tensor ``t``) archive layout, checked against ``.metadata``."""
         tb = self.table
         kind = int(self.kinds[i])
-        template = self._templates.get(kind, False)
+        template = self._templates.get(kind)
         transformed = bool(tb.transform[i])
         if template and not transformed and int(tb.length[i]) == template.length:
             fd = self.files.fd(tb.files[int(tb.file[i])])

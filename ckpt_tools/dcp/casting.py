@@ -68,8 +68,8 @@ def float8_to_float32_bits(name: str) -> np.ndarray:
     if fnuz:
         out[0x80] = 0x7F800001
     else:  # e4m3fn: S.1111.111 is NaN, spelled with the mantissa shifted into place
-        for nan in (0x7F, 0xFF):
-            out[nan] = ((nan & 0x80) << 24) | 0x7FF00000
+        for code in (0x7F, 0xFF):
+            out[code] = ((code & 0x80) << 24) | 0x7FF00000
     return out
 
 

@@ -37,7 +37,7 @@ MAGIC = b"CKPTIDX1"
 FORMAT = 1
 _DIGEST = 32
 _MAX_HEADER = 1 << 30
-_WIDTHS = {"i1": np.int8, "i2": np.int16, "i4": np.int32, "i8": np.int64}
+_WIDTHS: dict[str, type[np.signedinteger[Any]]] = {"i1": np.int8, "i2": np.int16, "i4": np.int32, "i8": np.int64}
 _COLUMNS = ("first", "ndim", "offsets", "sizes", "file", "start", "length", "transform")
 _KNOWN_DTYPES = frozenset(dtypes.canonical_name(n) for n in dtypes.TORCH_DTYPE_NAMES)
 
@@ -319,5 +319,6 @@ def _binding(value: Any, files: int, what: str) -> Binding:
         )
         if not ok:
             raise _refuse(what, "file stamps")
-    extra = value.get("extra") if isinstance(value.get("extra"), dict) else {}
+    given = value.get("extra")
+    extra: dict[str, Any] = given if isinstance(given, dict) else {}
     return Binding(size, digest, identity, stamps, extra)

@@ -161,9 +161,9 @@ def _worker(fd: int, size: int, what: str) -> int:
 
         raw = Loader(io.BytesIO(data), fix_imports=False).load()
         del data, view
-        table = table_of(raw, RECORD_KINDS, size=size, what=what)
+        chunks = table_of(raw, RECORD_KINDS, size=size, what=what)
         del raw
-        sys.stdout.buffer.write(index_bytes(table, Binding(metadata_size=size, metadata_sha256=None)))
+        sys.stdout.buffer.write(index_bytes(chunks, Binding(metadata_size=size, metadata_sha256=None)))
         sys.stdout.buffer.flush()
     except UnsafeCheckpoint as e:
         print(str(e), file=sys.stderr)

@@ -628,10 +628,10 @@ def _storage(b: TableBuilder, raw_storage: dict[Any, Any], kinds: Kinds, budget:
         if records and not (key.__dict__.keys() <= index_fields and info.__dict__.keys() <= info_fields):
             _fields(key, kinds)
             _fields(info, kinds)
-        fqn = getattr(key, "fqn", None)
+        fqn: str = getattr(key, "fqn", None)  # type: ignore[assignment]  # checked on the next line
         if type(fqn) is not str or len(fqn) > MAX_NAME:
-            budget.name(fqn, "a MetadataIndex fqn")
-        rel = getattr(info, "relative_path", None)
+            budget.name(fqn, "a MetadataIndex fqn")  # raises: not a string, or too long
+        rel: str = getattr(info, "relative_path", None)  # type: ignore[assignment]  # checked next
         if type(rel) is not str or len(rel) > MAX_NAME or not rel:
             if rel == "":
                 raise _Invalid(f"{_n(fqn)}: storage relative_path is empty")

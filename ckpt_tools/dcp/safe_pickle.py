@@ -114,6 +114,7 @@ class Pure:
     """
 
     __slots__ = ("_fn",)
+    _fn: Callable[..., Any]
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         object.__setattr__(self, "_fn", fn)
@@ -190,6 +191,7 @@ _KEY_SCALARS = frozenset({str, bytes, float, bool, type(None)})
 
 class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     dispatch: ClassVar[dict[int, Callable[[Any], None]]]
+    pop_mark: Callable[[], list[Any]]  # pickle's own (pure Python unpickler), rebound per MARK
 
     def __init__(
         self,
@@ -216,8 +218,8 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc
         self.read = read = source.read
         self.readline = source.readline
         self.readinto = source.readinto
-        self.metastack = []
-        self.stack = []
+        self.metastack: list[list[Any]] = []
+        self.stack: list[Any] = []
         self.append = self.stack.append
         self.proto = 0
         dispatch = self.dispatch
@@ -590,7 +592,7 @@ def _dispatch() -> dict[int, Callable[[Any], None]]:
         pickle.BINBYTES, pickle.SHORT_BINBYTES, pickle.BINBYTES8,
         pickle.TUPLE, pickle.EMPTY_TUPLE, pickle.TUPLE1, pickle.TUPLE2, pickle.TUPLE3,
     )  # fmt: skip
-    table = {code: U.refuse_opcode for code in range(256)}
+    table: dict[int, Callable[[Any], None]] = {code: U.refuse_opcode for code in range(256)}
     table.update({op[0]: base[op[0]] for op in pushes_new_values})
     table.update({op[0]: handler for op, handler in ours.items()})
     return table

@@ -125,10 +125,10 @@ def load_table(root: Path) -> tuple[ChunkTable, Origin]:
                 known.append(checked)
             return table, Origin("index", path, ident, known)
     if _enabled(_use_cache):
-        table = cache.lookup(path, ident)
-        if table is not None:
+        cached = cache.lookup(path, ident)
+        if cached is not None:
             checked = cache.checked_stamps(path, ident)
-            return table, Origin("cache", path, ident, [checked] if checked else [], note)
+            return cached, Origin("cache", path, ident, [checked] if checked else [], note)
     table = load_metadata(root)
     if _enabled(_use_cache):
         cache.store(path, ident, table)

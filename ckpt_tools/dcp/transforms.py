@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, Any
 
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
 
@@ -80,7 +80,8 @@ def undo(
 
     produced = 0
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(_Span(fd, offset, length), read_across_frames=True)
+        span: Any = _Span(fd, offset, length)  # a file-like view: what stream_reader reads from
+        reader = zstandard.ZstdDecompressor().stream_reader(span, read_across_frames=True)
         while block := reader.read(BLOCK):
             produced += len(block)
             if produced > limit:

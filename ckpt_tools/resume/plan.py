@@ -207,11 +207,11 @@ class ReshardPlan:
         for rank, plan in zip(out["ranks"], self.ranks, strict=True):
             rank["read_bytes"] = plan.read_bytes
             rank["resident"]["total"] = plan.resident.total
-        for group, plan in zip(out["rank_groups"], self.rank_groups, strict=True):
-            group["ranks"] = plan.describe_ranks()
-            group["count"] = plan.count
-            group["read_bytes"] = plan.read_bytes
-            group["resident"]["total"] = plan.resident.total
+        for group, grouped in zip(out["rank_groups"], self.rank_groups, strict=True):
+            group["ranks"] = grouped.describe_ranks()
+            group["count"] = grouped.count
+            group["read_bytes"] = grouped.read_bytes
+            group["resident"]["total"] = grouped.resident.total
         for key in ("batch_before", "batch_after"):
             info = getattr(self, key)
             if info is not None:
@@ -483,7 +483,7 @@ def _resident(source: ResumeSource, place: _Placement, reps: np.ndarray) -> list
         slots_of = list(source.optimizer_state.values())
         grads = sum(slots["exp_avg"].nbytes for slots in slots_of if "exp_avg" in slots)
         held = sum(spec.nbytes for slots in slots_of for spec in slots.values())
-        return [Resident(p, grads, held) for p in params.tolist()]
+        return [Resident(int(p), grads, held) for p in params]
     grads_by_shard = zero.copy()
     for name in source.trainable:
         spec = source.params[name]
@@ -495,7 +495,7 @@ def _resident(source: ResumeSource, place: _Placement, reps: np.ndarray) -> list
             for spec in slots.values():
                 optimizer += place.nbytes(spec, place.slot_sharded(param, spec), reps)
     return [
-        Resident(p, g, o) for p, g, o in zip(params.tolist(), grads_by_shard.tolist(), optimizer.tolist(), strict=True)
+        Resident(int(p), int(g), int(o)) for p, g, o in zip(params, grads_by_shard, optimizer, strict=True)
     ]
 
 

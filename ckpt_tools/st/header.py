@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
 from ckpt_tools.io.safe_read import open_regular, parse_json
@@ -150,8 +152,8 @@ def _show(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _layout_problems(entries: object, data_len: int) -> list[str]:
-    ordered = sorted(entries, key=lambda e: (e.begin, e.end))  # type: ignore[attr-defined]
+def _layout_problems(entries: Iterable[Any], data_len: int) -> list[str]:
+    ordered = sorted(entries, key=lambda e: (e.begin, e.end))
     problems = []
     pos = 0
     for e in ordered:

@@ -494,9 +494,7 @@ def _resident(source: ResumeSource, place: _Placement, reps: np.ndarray) -> list
         if param is not None:
             for spec in slots.values():
                 optimizer += place.nbytes(spec, place.slot_sharded(param, spec), reps)
-    return [
-        Resident(int(p), int(g), int(o)) for p, g, o in zip(params, grads_by_shard, optimizer, strict=True)
-    ]
+    return [Resident(int(p), int(g), int(o)) for p, g, o in zip(params, grads_by_shard, optimizer, strict=True)]
 
 
 def _node_notes(topology: Topology) -> list[str]:

@@ -24,7 +24,6 @@ can need"), not a hang and not a crash of the caller.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -37,8 +36,8 @@ CPU_SECONDS_PER_MIB = 1.0  # real files: about 0.05 s per MiB
 MEMORY_PER_BYTE = 40  # real files: about 15 bytes of objects per byte of .metadata
 MEMORY_BASE = 1 << 30
 OUTPUT_PER_BYTE = 16  # the index is smaller than the pickle for every real file
-_EXIT_CORRUPT = 3
-_EXIT_UNSAFE = 5
+EXIT_CORRUPT = 3  # the worker's exit codes (ckpt_tools.dcp.isolated_worker)
+EXIT_UNSAFE = 5
 
 
 def available() -> bool:
@@ -59,7 +58,7 @@ def parse(fd: int, size: int, *, what: str) -> ChunkTable:
     from ckpt_tools.dcp.index_file import IndexRefused, read_index
 
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "ckpt_tools.dcp.isolated", str(fd), str(size), what]
+    cmd = [sys.executable, "-m", "ckpt_tools.dcp.isolated_worker", str(fd), str(size), what]
     try:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(fd,), env=env
@@ -75,9 +74,9 @@ def parse(fd: int, size: int, *, what: str) -> ChunkTable:
             f"{what}: reading it took longer than a file of its size can need (a pickle bomb?)"
         ) from None
     message = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
-    if proc.returncode == _EXIT_UNSAFE:
+    if proc.returncode == EXIT_UNSAFE:
         raise UnsafeCheckpoint(message[0] if message else f"{what}: refused")
-    if proc.returncode == _EXIT_CORRUPT:
+    if proc.returncode == EXIT_CORRUPT:
         raise CorruptCheckpoint(message[0] if message else f"{what}: not a valid DCP .metadata")
     if proc.returncode != 0:
         raise CorruptCheckpoint(
@@ -90,98 +89,3 @@ def parse(fd: int, size: int, *, what: str) -> ChunkTable:
     except IndexRefused as e:
         raise CorruptCheckpoint(f"{what}: the metadata reader's answer did not check out ({e})") from None
     return table
-
-
-# ====================================================================== the worker
-
-
-def _limit_self(size: int) -> None:
-    import resource
-
-    seconds = cpu_limit(size)
-    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 5))
-    memory = MEMORY_BASE + MEMORY_PER_BYTE * size + _virtual_size()
-    # A platform without address-space limits (macOS): the CPU limit still ends a bomb.
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-
-def _virtual_size() -> int:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _worker(fd: int, size: int, what: str) -> int:
-    import copyreg
-    import gc
-    import pickle
-
-    _limit_self(size)
-    gc.disable()  # millions of acyclic objects: collections would only walk them again and again
-    # EXT opcodes resolve through these process-wide tables, bypassing find_class; empty them.
-    for table in ("_extension_registry", "_inverted_registry", "_extension_cache"):
-        getattr(copyreg, table).clear()
-
-    from ckpt_tools.dcp.index_file import Binding, index_bytes
-    from ckpt_tools.dcp.metadata import METADATA_ALLOWLIST, RECORD_KINDS, table_of
-    from ckpt_tools.dcp.safe_pickle import sandbox_allowlist
-
-    allowed = sandbox_allowlist(METADATA_ALLOWLIST)
-
-    class Loader(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> object:
-            found = allowed.get((module, name)) if type(module) is str and type(name) is str else None
-            if found is None:
-                raise UnsafeCheckpoint(
-                    f"{what}: refused to load global {str(module)[:100]}.{str(name)[:100]}"
-                    " (checkpoint pickles may only hold data)"
-                )
-            return found
-
-        def persistent_load(self, pid: object) -> object:
-            raise UnsafeCheckpoint(f"{what}: refused a persistent reference (not expected in this file)")
-
-    try:
-        data = bytearray(size)
-        view = memoryview(data)
-        got = 0
-        while got < size:
-            n = os.preadv(fd, [view[got:]], got)
-            if n <= 0:
-                raise CorruptCheckpoint(f"{what}: changed while it was read")
-            got += n
-        os.close(fd)
-        import io
-
-        raw = Loader(io.BytesIO(data), fix_imports=False).load()
-        del data, view
-        chunks = table_of(raw, RECORD_KINDS, size=size, what=what)
-        del raw
-        sys.stdout.buffer.write(index_bytes(chunks, Binding(metadata_size=size, metadata_sha256=None)))
-        sys.stdout.buffer.flush()
-    except UnsafeCheckpoint as e:
-        print(str(e), file=sys.stderr)
-        return _EXIT_UNSAFE
-    except CorruptCheckpoint as e:
-        print(str(e), file=sys.stderr)
-        return _EXIT_CORRUPT
-    except RecursionError:
-        print(f"{what}: not a valid pickle (nested too deeply)", file=sys.stderr)
-        return _EXIT_CORRUPT
-    except MemoryError:
-        return 1
-    except Exception as e:  # whatever C's unpickler raises on malformed input
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        print(f"{what}: not a valid pickle ({first})", file=sys.stderr)
-        return _EXIT_CORRUPT
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]))

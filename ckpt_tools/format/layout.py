@@ -357,6 +357,11 @@ def locate(path: str | os.PathLike[str]) -> Located:
     )
 
 
+def is_hub_id(path: str) -> bool:
+    """``user/name``: how the Hub names a model (a path starting with ``/``, ``.`` or ``~`` is a local one)."""
+    return path.count("/") == 1 and not path.startswith(("/", ".", "~"))
+
+
 STEPS_NAMED = 5  # newest step names a "no such" message lists (a run may hold thousands)
 
 

@@ -13,13 +13,8 @@ from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout, manifest
-from ckpt_tools.format.layout import pretrained_model_dir
+from ckpt_tools.format.layout import is_hub_id, pretrained_model_dir
 from ckpt_tools.io.safe_read import read_json_file
-
-
-def is_hub_id(path: str) -> bool:
-    """``user/name``: how the Hub names a model (a path starting with ``/``, ``.`` or ``~`` is a local one)."""
-    return path.count("/") == 1 and not path.startswith(("/", ".", "~"))
 
 
 def locate_policy(path: str) -> Path | str:

@@ -190,11 +190,8 @@ class SavedConfig:
         if path.is_absolute():
             return str(path)
         resolved = os.path.normpath(anchor / path)
-        if dotted == "policy.path":
-            from ckpt_tools.format.policy_path import is_hub_id
-
-            if is_hub_id(value) and not Path(resolved).exists():
-                return value
+        if dotted == "policy.path" and layout.is_hub_id(value) and not Path(resolved).exists():
+            return value
         return resolved
 
     def resume_base(self) -> dict[str, Any]:

@@ -8,7 +8,8 @@ import pytest
 
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.policy_path import adapter_refusal, is_hub_id, locate_policy, policy_weights
+from ckpt_tools.format.layout import is_hub_id
+from ckpt_tools.format.policy_path import adapter_refusal, locate_policy, policy_weights
 from ckpt_tools.format.rules.startup import saved_format
 
 

@@ -22,7 +22,7 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.record import read_training_step
 from ckpt_tools.format.rules.retention import IN_USE, RetentionPlan, StepFate, retention_plan
 from ckpt_tools.io.fsutil import deleting_name, find_leftovers, fsync_dir, remove_tree
-from ckpt_tools.io.reader_lease import leased_step_names
+from ckpt_tools.io.reader_lease import leased_step_names, remove_abandoned_leases
 
 # A test (and a user studying a crash) can stop a removal between its rename and its rmtree.
 PAUSE_ENV = "CKPT_TOOLS_RETENTION_PAUSE_S"
@@ -104,12 +104,15 @@ def remove_step(step_dir: Path) -> bool:
 
 
 def finish_interrupted(checkpoints_root: Path) -> list[str]:
-    """Remove the steps an interrupted removal left moved aside (their process gone); one note each."""
+    """Remove the steps an interrupted removal left moved aside (their process gone), and the leases
+    of readers killed outright; one note each."""
     notes = []
     for leftover in find_leftovers(checkpoints_root):
         if leftover.deleting and layout.is_step_dir_name(leftover.target) and leftover.abandoned:
             remove_tree(leftover.path)
             notes.append(f"finished removing {leftover.target}/, left by an interrupted removal")
+    if remove_abandoned_leases(checkpoints_root):
+        notes.append("removed the leases of readers that were killed")
     return notes
 
 

@@ -48,6 +48,22 @@ def leased_step_names(checkpoints_root: Path) -> set[str]:
     return held
 
 
+def remove_abandoned_leases(checkpoints_root: Path) -> int:
+    """Remove the leases of readers that are gone (killed outright); returns how many.
+
+    Safe without a lock: a lease's token is its own, so once its owner is judged gone no one
+    will ever touch it again.
+    """
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in list(checkpoints_root.iterdir()):
+            if _LEASE_RE.match(entry.name) and not held_by_live_owner(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+                    removed += 1
+    return removed
+
+
 @contextlib.contextmanager
 def reading(step_dir: Path, command: str) -> Iterator[None]:
     """Hold a lease on ``step_dir`` while the block reads it (nothing when it is no step of a checkpoints root).

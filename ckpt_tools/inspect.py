@@ -91,6 +91,16 @@ class StepSummary:
 
 
 @dataclass
+class RetentionView:
+    """What retention of the newest ``keep_last_n`` would do to a checkpoints root (nothing is removed)."""
+
+    keep_last_n: int
+    source: str  # "--keep-last", or the train_config.json the run's --checkpoint.keep_last_n came from
+    removes: list[str] = field(default_factory=list)
+    keeps: dict[str, list[str]] = field(default_factory=dict)  # step name -> why it stays
+
+
+@dataclass
 class InspectReport:
     path: str
     kind: str
@@ -118,6 +128,7 @@ class InspectReport:
     data_bytes: int = 0  # bytes read for it
     data_gb_per_s: float | None = None  # the speed it read and digested them at
     nonfinite: list[NonFinite] = field(default_factory=list)  # tensors holding NaN or inf (values_checked)
+    retention: RetentionView | None = None  # what --keep-last / the run's keep_last_n would remove (a root)
 
     @property
     def healthy(self) -> bool:
@@ -136,12 +147,19 @@ class InspectReport:
 
 
 def inspect_path(
-    path: str | os.PathLike[str], *, tensors: bool = False, check_values: bool = False, verify_data: bool = False
+    path: str | os.PathLike[str],
+    *,
+    tensors: bool = False,
+    check_values: bool = False,
+    verify_data: bool = False,
+    keep_last: int | None = None,
 ) -> InspectReport:
     """Inspect ``path``; raises :class:`CheckpointError` only when it is not a checkpoint at all.
 
     ``check_values`` reads every tensor's data too (of every step, on a checkpoints root);
     ``verify_data`` every recorded byte against the save's full digests (likewise).
+    ``keep_last``: on a checkpoints root, what retention of the newest N would remove (without
+    it, the run's own ``--checkpoint.keep_last_n``, when its ``train_config.json`` has one).
     """
     located = L.locate(path)
     report = InspectReport(
@@ -150,6 +168,7 @@ def inspect_path(
     kind = located.kind
     if kind is L.PathKind.CHECKPOINTS_ROOT:
         _inspect_root(located.path, report, tensors)
+        _retention(located.path, report, keep_last)
     elif kind is L.PathKind.TRAINER_ROOT:
         _inspect_trainer_root(located.path, report, tensors)
     elif kind is L.PathKind.STEP_DIR:
@@ -234,18 +253,36 @@ def _subject(report: InspectReport, step_dir: Path, record: TrainingStep | None)
 
 def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
     steps = L.list_step_dirs(root)
-    last = L.resolve_last(root)
     link = root / L.LAST_LINK
+    try:
+        last = L.resolve_last(root)
+        hostile = None
+    except CheckpointError as e:  # a pointer file holding anything but a step dir's name
+        last, hostile = None, str(e)
     report.partial_saves = [p.name for p in L.list_partial_dirs(root)]
     for name in report.partial_saves:
         report.checks.append(Check.warn("partial save", f"{name}: left by a save that did not complete"))
     _leftovers(root, [root], report)
-    if link.is_symlink() or link.exists():
+    if hostile is not None:
+        report.checks.append(Check.fail("last link", hostile))
+    elif link.is_symlink() or link.exists():
         ok = last is not None and last.parent.resolve() == root.resolve() and L.is_step_dir_name(last.name)
-        report.last = last.name if last is not None else os.readlink(link) if link.is_symlink() else None
+        pointer = L.last_is_pointer_file(root)
+        report.last = (
+            last.name
+            if last is not None
+            else os.readlink(link)
+            if link.is_symlink()
+            else L.read_last_pointer(link)
+            if pointer
+            else None
+        )
+        kind = " (pointer file)" if pointer else ""
         report.checks.append(
             Check.judge(
-                "last link", ok, f"last -> {report.last}" if ok else f"last -> {report.last}: not a step dir here"
+                "last link",
+                ok,
+                f"last -> {report.last}{kind}" if ok else f"last -> {report.last}{kind}: not a step dir here",
             )
         )
     elif steps:
@@ -270,6 +307,34 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
         elif failed:
             report.checks.append(Check.fail(f"step {step_dir.name}", f"{failed} failed checks (inspect it)"))
     report.inspected_step = target.name
+
+
+def _retention(root: Path, report: InspectReport, keep_last: int | None) -> None:
+    """What retention would remove from ``root``, by the rule the trainer and ``prune`` apply."""
+    from ckpt_tools.format.train_config import read_saved_config
+    from ckpt_tools.retention import read_run_steps
+
+    try:
+        facts = read_run_steps(root)
+    except CheckpointError:
+        return  # a hostile `last`: its check already fails, and nothing could be removed
+    source = "--keep-last"
+    if keep_last is None and facts.last is not None:
+        with contextlib.suppress(CkptError):
+            config = read_saved_config(L.StepPaths(facts.steps[facts.last]).train_config)
+            keep_last, source = (
+                config.keep_last_n,
+                f"{facts.steps[facts.last].name}/{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}",
+            )
+    if keep_last is None or keep_last < 1:
+        return
+    plan = facts.plan(keep_last)
+    report.retention = RetentionView(
+        keep_last,
+        source,
+        [facts.steps[n].name for n in plan.removed],
+        {facts.steps[f.step].name: list(f.reasons) for f in plan.kept},
+    )
 
 
 def _inspect_trainer_root(root: Path, report: InspectReport, tensors: bool) -> None:

@@ -29,6 +29,7 @@ COMMAND_MODULES: dict[str, str] = {
     "reshard-plan": "ckpt_tools.cli.plan",
     "verify-resume": "ckpt_tools.cli.verify",
     "push": "ckpt_tools.cli.hub",
+    "prune": "ckpt_tools.cli.prune",
 }
 
 EXIT_CODES_HELP = (

@@ -18,6 +18,7 @@ from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
+from ckpt_tools.io.reader_lease import reading_path
 from ckpt_tools.units import human_bytes
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def convert_dcp_command(
     source = checkpoint_dir or checkpoint
     if source is None:
         raise UsageError("missing CHECKPOINT_DIR (or --checkpoint-dir)")
-    with fresh_reads(no_cache):
+    with fresh_reads(no_cache), reading_path(source, "convert-dcp"):
         run_convert(
             source,
             output=output,

@@ -12,6 +12,7 @@ from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.hub import push_to_hub
 from ckpt_tools.hub.push import HubPushError
+from ckpt_tools.io.reader_lease import reading_path
 from ckpt_tools.units import human_bytes
 
 PUSH_HELP = f"""Publish a converted checkpoint to the Hugging Face Hub as a model repo.
@@ -52,14 +53,15 @@ def push(
     json_out: JsonOpt = False,
 ) -> None:
     try:
-        result = push_to_hub(
-            path,
-            repo_id,
-            private=private,
-            revision=revision,
-            commit_message=commit_message,
-            model_card=not no_card,
-        )
+        with reading_path(path, "push"):
+            result = push_to_hub(
+                path,
+                repo_id,
+                private=private,
+                revision=revision,
+                commit_message=commit_message,
+                model_card=not no_card,
+            )
     except HubPushError as e:
         raise e.but(
             retry=f"retry with: {retry_command(path, repo_id, private, revision, commit_message, no_card)}"

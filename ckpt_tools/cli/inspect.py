@@ -66,13 +66,24 @@ def inspect_command(
             " is UNHEALTHY); no record: a line saying so. Reads the whole checkpoint (a root: every step).",
         ),
     ] = False,
+    keep_last: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-last",
+            min=1,
+            help="On a run: which steps retention of the newest K would remove, and why each other stays"
+            " (default: the run's own --checkpoint.keep_last_n, if it has one). Removes nothing.",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.inspect import inspect_path
 
     with fresh_reads(no_cache):
-        report = inspect_path(path, tensors=tensors, check_values=check_values, verify_data=verify_data)
+        report = inspect_path(
+            path, tensors=tensors, check_values=check_values, verify_data=verify_data, keep_last=keep_last
+        )
     if json_out:
         emit_json(report.to_dict())
     else:
@@ -92,6 +103,14 @@ def _print_report(report: Any, tensors: bool) -> None:
             echo(f"  newest: {report.inspected_step or '(none)'} (what convert-dcp takes for this folder)")
         for name in report.partial_saves:
             echo(f"  partial save: {name} (a save that never completed; resume ignores it)")
+        if report.retention is not None:
+            r = report.retention
+            echo(
+                f"  retention (keep_last_n={r.keep_last_n}, from {r.source}): would remove"
+                f" {', '.join(r.removes) or 'nothing'}"
+            )
+            for name, reasons in r.keeps.items():
+                echo(f"    keeps {name}: {', '.join(reasons)}")
         if report.inspected_step:
             echo(f"Step {report.inspected_step}:")
     if report.step is not None or report.training_step is not None:

@@ -73,10 +73,11 @@ def verify_resume_command(
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.io.reader_lease import reading_path
     from ckpt_tools.resume.verify import verify_resume
 
     request = opt.target_request(locals())
-    with opt.fresh_reads(no_cache):
+    with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
         report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
     if json_out:
         emit_json(report.to_dict())

@@ -11,7 +11,7 @@ turns it into the one step directory a resume, a conversion or a push reads.
     │   ├── pretrained_model/   config.json, train_config.json, model.safetensors,
     │   │                       pytorch_model_fsdp_0/, policy_{pre,post}processor*.…
     │   └── training_state/     optimizer_*, rng_state, scheduler, scaler, training_step.json
-    └── last -> 005000
+    └── last -> 005000      (a symlink; or a pointer file holding "005000")
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
 # A save in progress lives in a hidden sibling of its final name until it is complete.
 PARTIAL_PREFIX = "."
 PARTIAL_SUFFIX = ".partial"
+# ``last`` as a regular file holding a step directory's name (where no symlink can be made).
+LAST_POINTER_MAX_BYTES = 64
 
 _STEP_DIR_RE = re.compile(r"^\d{6,}$")
 
@@ -264,9 +266,41 @@ def list_partial_dirs(checkpoints_root: Path) -> list[Path]:
     )
 
 
+def read_last_pointer(pointer: Path) -> str:
+    """The step directory name a ``last`` pointer file holds; :class:`CheckpointError` for anything else.
+
+    Where a file system cannot hold a symlink (Windows shares, some network and object-store
+    mounts), ``last`` is a small regular file holding the name of the step directory beside it.
+    That file is anyone's to write, so only a plain step directory name of this checkpoints root
+    is taken: no separator, no ``..``, no absolute path, at most :data:`LAST_POINTER_MAX_BYTES`.
+    """
+    try:
+        with open(pointer, "rb") as handle:
+            data = handle.read(LAST_POINTER_MAX_BYTES + 1)
+    except OSError as e:
+        raise CheckpointError(f"{pointer}: cannot read the 'last' pointer file ({e.strerror or e})") from None
+    if len(data) > LAST_POINTER_MAX_BYTES:
+        raise CheckpointError(
+            f"{pointer}: not a 'last' pointer (over {LAST_POINTER_MAX_BYTES} bytes; it holds a step directory's name)"
+        )
+    name = data.decode("utf-8", errors="replace").strip()
+    if not is_step_dir_name(name):
+        raise CheckpointError(
+            f"{pointer}: not a 'last' pointer ({name!r} is not the name of a step directory beside it)"
+        )
+    return name
+
+
 def resolve_last(checkpoints_root: Path) -> Path | None:
-    """The step directory ``last`` points at, or None when there is no usable ``last``."""
+    """The step directory ``last`` points at, or None when there is no usable ``last``.
+
+    ``last`` is a symlink, or a pointer file (:func:`read_last_pointer`, which refuses a hostile
+    one with :class:`CheckpointError`); every reader of ``last``, trainer and tools, asks here.
+    """
     link = checkpoints_root / LAST_LINK
+    if link.is_file() and not link.is_symlink():
+        target = checkpoints_root / read_last_pointer(link)
+        return target if target.is_dir() and not target.is_symlink() else None
     if not link.is_symlink() and not link.is_dir():
         return None
     try:
@@ -274,6 +308,12 @@ def resolve_last(checkpoints_root: Path) -> Path | None:
     except (OSError, RuntimeError):  # a symlink loop ('last -> last'): no usable last
         return None
     return target if target.is_dir() else None
+
+
+def last_is_pointer_file(checkpoints_root: Path) -> bool:
+    """Whether ``last`` is a pointer file rather than a symlink (how ``inspect`` describes it)."""
+    link = checkpoints_root / LAST_LINK
+    return link.is_file() and not link.is_symlink()
 
 
 def trainer_step_number(path: Path) -> int | None:
@@ -325,6 +365,11 @@ def locate(path: str | os.PathLike[str]) -> Located:
     if not p.exists():
         raise CheckpointError(missing_path_message(p))
     if p.is_file():
+        if p.name == LAST_LINK and not p.is_symlink():  # a pointer file standing for the step it names
+            target = resolve_last(p.parent)
+            if target is None:
+                raise CheckpointError(f"{p}: points at {read_last_pointer(p)}, which is no step directory here")
+            return locate(target)
         if p.name.endswith(".safetensors"):
             step = _enclosing_step(p.parent)
             return Located(p, PathKind.SAFETENSORS_FILE, step)

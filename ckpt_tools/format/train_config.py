@@ -91,7 +91,7 @@ def numbers(data: Any) -> list[tuple[str, object]]:
 
 
 # The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
-CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
+CONFIG_GROUPS = frozenset({"dataset", "checkpoint", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
 OPTIONAL_GROUPS = frozenset({"policy", "peft"})
 CONFIG_SCALARS = frozenset(
     {
@@ -315,7 +315,14 @@ class SavedConfig:
             min_lr_ratio=_float(raw, "scheduler.min_lr_ratio"),
             dropout=_float(raw, "policy.dropout"),
             max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
+            keep_last_n=self.keep_last_n,
+            last_link=_str(raw, "checkpoint.last_link"),
         )
+
+    @property
+    def keep_last_n(self) -> int | None:
+        """``--checkpoint.keep_last_n`` of the run (None: keeps every checkpoint, or the file does not say)."""
+        return _int(self.raw, "checkpoint.keep_last_n")
 
     @property
     def dataset_root(self) -> str | None:

@@ -102,9 +102,10 @@ def process_start(pid: int) -> str:
 class DirLock:
     """Exclusive ownership of ``directory`` (created if missing) by this process, for ``command``."""
 
-    def __init__(self, directory: Path, command: str) -> None:
+    def __init__(self, directory: Path, command: str, name: str = LOCK_NAME) -> None:
+        """``name``: the lock file's name in ``directory`` (another name: another lock, e.g. a reader's lease)."""
         self.directory = Path(directory)
-        self.path = self.directory / LOCK_NAME
+        self.path = self.directory / name
         self.owner = this_owner(command)
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -176,24 +177,10 @@ class DirLock:
         return True
 
     def _read(self) -> Owner | None:
-        try:
-            doc: Any = json.loads(self.path.read_bytes()[: 2**16])
-            return Owner(**{k: doc[k] for k in Owner.__dataclass_fields__ if k in doc})
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # gone, or being written this instant, or not ours to read: judged by age
+        return read_owner(self.path)
 
     def _age(self) -> float | None:
-        """Seconds since the lock was last touched, on the storage's clock (None: it is gone)."""
-        probe = self.directory / f".ckpt-tools-clock-{self.owner.token}"
-        try:
-            probe.write_bytes(b"")
-            now = probe.stat().st_mtime
-            probe.unlink()
-            return max(0.0, now - self.path.stat().st_mtime)
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return 0.0  # cannot tell: never judge a lock abandoned on a guess
+        return lock_age(self.path, self.owner.token)
 
     def _break(self, judged: Owner | None) -> None:
         """Remove the abandoned lock ``judged``, exclusively and only if it is still that one."""
@@ -222,6 +209,39 @@ class DirLock:
         while not self._stop.wait(HEARTBEAT_S):
             with contextlib.suppress(OSError):
                 os.utime(self.path)
+
+
+def read_owner(path: Path) -> Owner | None:
+    """Who a lock file names (None: gone, being written this instant, or not ours to read: judged by age)."""
+    try:
+        doc: Any = json.loads(path.read_bytes()[: 2**16])
+        return Owner(**{k: doc[k] for k in Owner.__dataclass_fields__ if k in doc})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def lock_age(path: Path, token: str) -> float | None:
+    """Seconds since the lock file ``path`` was last touched, on the storage's clock (None: it is gone)."""
+    probe = path.parent / f".ckpt-tools-clock-{token}"
+    try:
+        probe.write_bytes(b"")
+        now = probe.stat().st_mtime
+        probe.unlink()
+        return max(0.0, now - path.stat().st_mtime)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 0.0  # cannot tell: never judge a lock abandoned on a guess
+
+
+def held_by_live_owner(path: Path) -> bool:
+    """Whether the lock file ``path`` is held now, by the liveness rules of :func:`judge`.
+
+    A lock being written this instant or whose heartbeat is late counts as held: the cautious
+    answer for whoever would otherwise delete what it guards.
+    """
+    verdict, _ = judge(read_owner(path), lock_age(path, secrets.token_hex(8)))
+    return verdict != "abandoned"
 
 
 def judge(owner: Owner | None, age: float | None) -> tuple[str, float]:

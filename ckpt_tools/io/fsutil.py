@@ -248,6 +248,45 @@ def replace_symlink(link: Path, target: str) -> None:
     fsync_dir(link.parent)
 
 
+# What a file system answers when it cannot hold a symlink at all (Windows shares, some FUSE,
+# network and object-store mounts); any other failure is a real write error.
+SYMLINK_REFUSED = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def replace_pointer_file(path: Path, target: str) -> None:
+    """Replace ``path`` by a small file holding ``target`` atomically (temporary sibling, fsync, rename).
+
+    The stand-in for a symlink where none can be made: a reader sees the old content (or the
+    old symlink) or the new, never a half-written name.
+    """
+    sibling = TempSibling(path)
+    try:
+        os.write(sibling.fd, (target + "\n").encode())  # type: ignore[arg-type]
+        sibling.close(sync=True)  # always durable: ``last`` moves only after the step it names is
+        sibling.commit()
+    except BaseException:
+        sibling.abort()
+        raise
+    fsync_dir(path.parent)
+
+
+def replace_link_or_pointer(link: Path, target: str, *, pointer_file: bool = False) -> bool:
+    """Point ``link`` at ``target``: a symlink, or a pointer file where the file system refuses symlinks.
+
+    ``pointer_file``: always the file (for stores that mangle symlinks). Returns whether a
+    pointer file was written. Either way the replacement is one atomic rename.
+    """
+    if not pointer_file:
+        try:
+            replace_symlink(link, target)
+            return False
+        except OSError as e:
+            if e.errno not in SYMLINK_REFUSED:
+                raise
+    replace_pointer_file(link, target)
+    return True
+
+
 def remove_tree(path: Path) -> None:
     """Remove a directory tree if it exists (a stale partial save, say)."""
     if path.is_symlink() or path.is_file():

@@ -114,6 +114,18 @@ class TrackioConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """How the run keeps its checkpoints (``--checkpoint.<field>``)."""
+
+    # Keep the newest N step directories; each save removes older ones once it is committed
+    # (never `last`, the newest resumable step, or a step a reader holds). None: keep all.
+    keep_last_n: int | None = None
+    # `last`: auto = a symlink, a pointer file where the file system refuses symlinks;
+    # file = always the pointer file (for stores that mangle symlinks).
+    last_link: str = "auto"
+
+
+@dataclass
 class TrainConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     policy: PolicyConfig | None = None
@@ -131,6 +143,7 @@ class TrainConfig:
     # Stage the state to host memory and write the checkpoint in the background while the
     # loop goes on (at most one save in flight; the same atomic commit and `last` rule).
     checkpoint_async: bool = False
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: bool = False
     # A resume refuses to start when the output dir holds checkpoints after the step it resumes
     # from (it would save over them); true replaces them. Never carried over by a resume.

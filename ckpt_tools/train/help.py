@@ -50,6 +50,12 @@ FLAG_HELP: dict[str, str] = {
     " DCP shards (pytorch_model_fsdp_0/), or both. A non-sharded run always saves safetensors.",
     "checkpoint_async": "Stage the state to host memory and write the checkpoint in the background while"
     " training goes on (at most one save in flight; the same atomic commit and `last` rule).",
+    "checkpoint.keep_last_n": "Keep the newest N checkpoints: each save removes older step dirs once it is"
+    " committed (never the one `last` points at, the newest resumable one, or one a tool is reading). Unset:"
+    " keep all. ckpt-tools prune does the same for a finished run.",
+    "checkpoint.last_link": "How checkpoints/last is written: auto = a symlink, a pointer file holding the step"
+    " dir's name where the file system refuses symlinks; file = always the pointer file (stores that mangle"
+    " symlinks). Every reader takes either.",
     "resume": "true: continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler,"
     " RNG and data position, resharded onto this launch's topology. auto: resume --output_dir's"
     " checkpoints/last (checked as true checks it) if there is one, else start a new run - the same"
@@ -155,6 +161,7 @@ DEFAULT_TEXT: dict[str, str] = {
 CHOICES: dict[str, Sequence[str]] = {
     "resume": ("true", "false", "auto"),
     "checkpoint_format": startup.CHECKPOINT_FORMATS,
+    "checkpoint.last_link": startup.LAST_LINK_CHOICES,
     "policy.type": tuple(sorted(PolicyConfig.get_known_choices())),
     "optimizer.type": startup.OPTIMIZER_TYPES,
     "scheduler.type": startup.SCHEDULER_TYPES,
@@ -169,6 +176,7 @@ CHOICES: dict[str, Sequence[str]] = {
 GROUP_TITLES = {
     "": "Run",
     "dataset": "Dataset",
+    "checkpoint": "Checkpoints kept, and how `last` is written",
     "policy": "Policy (fields marked [act, ...] exist on those policy types only)",
     "optimizer": "Optimizer",
     "scheduler": "Schedule",

@@ -297,6 +297,8 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
         "--scheduler.min_lr_ratio=0.2",
         "--policy.dropout=0.0",
         "--max_nonfinite_steps=2",
+        "--checkpoint.keep_last_n=3",
+        "--checkpoint.last_link=file",
     ]
     cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
     assert cfg.run_settings() == RunSettings(
@@ -341,6 +343,8 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
         min_lr_ratio=0.2,
         dropout=0.0,
         max_nonfinite_steps=2,
+        keep_last_n=3,
+        last_link="file",
     )
     other, _ = parse_train_config([*TINY, "--accelerator.fsdp.min_num_params=1000", f"--output_dir={tmp_path}"])
     assert other.run_settings().min_num_params == 1000 and not other.run_settings().peft

@@ -33,6 +33,8 @@ PLACES_AND_REPORTING = frozenset(
         "save_freq",
         "save_checkpoint",
         "checkpoint_async",
+        "checkpoint.keep_last_n",
+        "checkpoint.last_link",
         "collective_timeout_s",
         "resume",
         "overwrite_checkpoints",

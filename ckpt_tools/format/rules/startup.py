@@ -20,6 +20,7 @@ MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 POLICY_DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy fields
 OPTIMIZER_TYPES = ("adamw",)
 SCHEDULER_TYPES = ("cosine", "constant")
+LAST_LINK_CHOICES = ("auto", "file")  # how the trainer writes `last` (ckpt_tools.io.fsutil.replace_link_or_pointer)
 PEFT_METHODS = ("LORA",)
 CHECKPOINT_FORMATS = tuple(f.value for f in CheckpointFormat)
 FLOAT32_MAX = 3.4028234663852886e38  # torch turns AdamW's step size and decay factor into float32 scalars
@@ -82,6 +83,8 @@ class RunSettings:
     min_lr_ratio: float | None = None
     dropout: float | None = None
     max_nonfinite_steps: int | None = None
+    keep_last_n: int | None = None  # None: keep every checkpoint
+    last_link: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,11 @@ def _counts(s: RunSettings) -> list[str]:
     ):
         if value is not None and value <= 0:
             out.append(f"--{name}={value}: must be a positive integer")
+    if s.keep_last_n is not None and s.keep_last_n < 1:
+        out.append(
+            f"--checkpoint.keep_last_n={s.keep_last_n}: must be ≥ 1 (the number of newest checkpoints kept; unset"
+            " keeps all)"
+        )
     if s.collective_timeout_s is not None and s.collective_timeout_s <= 0:
         out.append(f"--collective_timeout_s={s.collective_timeout_s}: must be positive (seconds)")
     accum = s.grad_accum_steps
@@ -263,6 +271,8 @@ def _choices(s: RunSettings) -> list[str]:
     out = []
     if s.checkpoint_format is not None and s.checkpoint_format not in CHECKPOINT_FORMATS:
         out.append(f"--checkpoint_format={s.checkpoint_format}: choose one of {', '.join(CHECKPOINT_FORMATS)}")
+    if s.last_link is not None and s.last_link not in LAST_LINK_CHOICES:
+        out.append(f"--checkpoint.last_link={s.last_link}: choose {_one_of(LAST_LINK_CHOICES)}")
     if s.optimizer_type is not None and s.optimizer_type not in OPTIMIZER_TYPES:
         out.append(f"--optimizer.type={s.optimizer_type}: only {_one_of(OPTIMIZER_TYPES)} is supported")
     if s.lr is not None and s.lr <= 0:

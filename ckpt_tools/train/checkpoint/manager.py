@@ -205,6 +205,8 @@ class CheckpointManager:
             processors=(s.preprocessor, s.postprocessor),
             adapter_config=s.peft_model.peft_config["default"] if peft else None,
             save_id=_shared_save_id(s.env),
+            keep_last_n=s.cfg.checkpoint.keep_last_n,
+            last_pointer_file=s.cfg.checkpoint.last_link == "file",
         )
         if s.env.is_main:
             prepare_partial(job)

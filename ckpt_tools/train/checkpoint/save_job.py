@@ -28,12 +28,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
+from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import CheckpointError, CkptError, WriteError
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules import save_files
-from ckpt_tools.io.fsutil import fsync_dir, fsync_tree, remove_tree, replace_symlink, sync_deferred
+from ckpt_tools.format.rules.retention import IN_USE
+from ckpt_tools.io.fsutil import fsync_dir, fsync_tree, remove_tree, replace_link_or_pointer, sync_deferred
+from ckpt_tools.retention import apply_retention
 from ckpt_tools.st.writer import describe_os_error
 from ckpt_tools.train.checkpoint import parts
 from ckpt_tools.train.checkpoint.dcp_io import os_error_in
@@ -85,6 +88,8 @@ class SaveJob:
     adapter_config: Any = None  # peft config, saved as adapter_config.json
     timings: dict[str, float] = field(default_factory=dict)
     save_id: str | None = None  # the same on every rank (the capture shares it); None: the commit makes one up
+    keep_last_n: int | None = None  # --checkpoint.keep_last_n: older steps removed after the commit
+    last_pointer_file: bool = False  # --checkpoint.last_link=file: `last` is always a pointer file
 
     @property
     def partial(self) -> Path:
@@ -145,7 +150,9 @@ class SaveJob:
                 groups.barrier(self.env)
             clock.lap(phase)
         if self.env.is_main:
-            commit(self.partial, self.final, self.root, self.save_id)
+            commit(self.partial, self.final, self.root, self.save_id, pointer_file=self.last_pointer_file)
+            if self.keep_last_n is not None:
+                retain(self.root, self.keep_last_n)
         groups.barrier(self.env)
         clock.lap("commit")
         return self.final
@@ -427,7 +434,31 @@ def prepare_partial(job: SaveJob) -> None:
         raise WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, e)}") from None
 
 
-def commit(partial: Path, final: Path, root: Path, save_id: str | None = None) -> None:
+def retain(root: Path, keep_last_n: int) -> None:
+    """Main rank, once a save is committed (in the background thread for an asynchronous one): remove the
+    steps ``--checkpoint.keep_last_n`` lets go (:mod:`ckpt_tools.retention`), and say what it did.
+
+    The run owns its output dir, and this runs between the commit and the next save, so no save
+    of this run is using an older step. A removal that fails is a warning: the checkpoint just
+    committed is complete, and the run goes on (a later retention, or ``ckpt-tools prune``, retries).
+    """
+    try:
+        outcome = apply_retention(root, keep_last_n)
+    except (CkptError, OSError) as e:
+        echo(f"warning: checkpoint retention (--checkpoint.keep_last_n={keep_last_n}) failed: {e}")
+        return
+    for note in outcome.notes:
+        echo(f"checkpoint retention: {note}")
+    if outcome.removed:
+        names = ", ".join(layout.step_dir_name(n) for n in outcome.removed)
+        echo(f"checkpoint retention (--checkpoint.keep_last_n={keep_last_n}): removed {names}")
+    held = [f.step for f in outcome.plan.kept if IN_USE in f.reasons] + outcome.taken_meanwhile
+    if held:
+        names = ", ".join(layout.step_dir_name(n) for n in sorted(held))
+        echo(f"checkpoint retention: kept {names}, in use by a reader")
+
+
+def commit(partial: Path, final: Path, root: Path, save_id: str | None = None, *, pointer_file: bool = False) -> None:
     """Main rank: record the save's files, make the partial save durable, rename it into place, then move ``last``.
 
     Every rank's files are complete (the closing barrier): the record lists them all, so a file
@@ -443,9 +474,9 @@ def commit(partial: Path, final: Path, root: Path, save_id: str | None = None) -
         remove_tree(stale)
         os.rename(final, stale)
         os.rename(partial, final)
-        replace_symlink(root / layout.LAST_LINK, final.name)
+        replace_link_or_pointer(root / layout.LAST_LINK, final.name, pointer_file=pointer_file)
         remove_tree(stale)
     else:
         os.rename(partial, final)
         fsync_dir(root)
-        replace_symlink(root / layout.LAST_LINK, final.name)
+        replace_link_or_pointer(root / layout.LAST_LINK, final.name, pointer_file=pointer_file)

@@ -91,7 +91,7 @@ def numbers(data: Any) -> list[tuple[str, object]]:
 
 
 # The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
-CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
+CONFIG_GROUPS = frozenset({"dataset", "checkpoint", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
 OPTIONAL_GROUPS = frozenset({"policy", "peft"})
 CONFIG_SCALARS = frozenset(
     {
@@ -116,7 +116,7 @@ CONFIG_SCALARS = frozenset(
 
 
 # The fields that hold a local path (policy.path may be a Hub id instead).
-PATH_FIELDS = ("output_dir", "dataset.root", "policy.path")
+PATH_FIELDS = ("output_dir", "dataset.root", "policy.path", "checkpoint.load_from")
 
 
 def absolute_path(value: str) -> str:
@@ -206,6 +206,9 @@ class SavedConfig:
                 _set(raw, dotted, value)
         if self.run_dir is not None:
             raw["output_dir"] = str(self.run_dir)
+        # The parts a run started from were loaded at its step 0; its resume continues its own state.
+        if isinstance(raw.get("checkpoint"), dict):
+            raw["checkpoint"] = {**raw["checkpoint"], "load_from": None, "load": None}
         return raw
 
     @property
@@ -318,6 +321,9 @@ class SavedConfig:
             min_lr_ratio=_float(raw, "scheduler.min_lr_ratio"),
             dropout=_float(raw, "policy.dropout"),
             max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
+            load_from=self.resolve("checkpoint.load_from"),
+            load=_str(raw, "checkpoint.load"),
+            resume=raw.get("resume") is True,
         )
 
     @property

@@ -114,6 +114,18 @@ class TrackioConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """What a run's checkpoints are loaded from and how (``--checkpoint.*``)."""
+
+    # Start this new run (step 0, its own --output_dir) from a checkpoint's parts: a step dir,
+    # `last`, a checkpoints/ dir or a run's output dir (its `last`).
+    load_from: str | None = None
+    # The parts to load, a comma list of model, optimizer, scheduler, scaler, rng, or all (a
+    # resume's set); None: model (weights only). The rest start fresh.
+    load: str | None = None
+
+
+@dataclass
 class TrainConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     policy: PolicyConfig | None = None
@@ -131,6 +143,7 @@ class TrainConfig:
     # Stage the state to host memory and write the checkpoint in the background while the
     # loop goes on (at most one save in flight; the same atomic commit and `last` rule).
     checkpoint_async: bool = False
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: bool = False
     # A resume refuses to start when the output dir holds checkpoints after the step it resumes
     # from (it would save over them); true replaces them. Never carried over by a resume.
@@ -177,6 +190,8 @@ class TrainConfig:
             self.output_dir = absolute_path(self.output_dir)
         if self.dataset.root:
             self.dataset.root = absolute_path(self.dataset.root)
+        if self.checkpoint.load_from:
+            self.checkpoint.load_from = absolute_path(self.checkpoint.load_from)
         if self.policy is not None and self.policy.path and Path(self.policy.path).expanduser().exists():
             self.policy.path = absolute_path(self.policy.path)
 

@@ -50,6 +50,11 @@ FLAG_HELP: dict[str, str] = {
     " DCP shards (pytorch_model_fsdp_0/), or both. A non-sharded run always saves safetensors.",
     "checkpoint_async": "Stage the state to host memory and write the checkpoint in the background while"
     " training goes on (at most one save in flight; the same atomic commit and `last` rule).",
+    "checkpoint.load_from": "Start this new run (step 0, in --output_dir) from another run's checkpoint: a step"
+    " dir, `last`, checkpoints/ or a run's output dir (its `last`); any layout, onto any topology. Without a"
+    " --policy.* flag the policy is the one it holds. Not with --resume=true.",
+    "checkpoint.load": "The parts of --checkpoint.load_from to load, a comma list of model, optimizer, scheduler,"
+    " scaler, rng, or all (a resume's set); the others start fresh (unset: model, the weights only).",
     "resume": "true: continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler,"
     " RNG and data position, resharded onto this launch's topology. auto: resume --output_dir's"
     " checkpoints/last (checked as true checks it) if there is one, else start a new run - the same"
@@ -150,6 +155,7 @@ DEFAULT_TEXT: dict[str, str] = {
     "policy.state_dim": "from the dataset",
     "policy.action_dim": "from the dataset",
     "config_path": "none",
+    "checkpoint.load": "model (the weights only) when --checkpoint.load_from is given",
 }
 
 CHOICES: dict[str, Sequence[str]] = {
@@ -169,6 +175,7 @@ CHOICES: dict[str, Sequence[str]] = {
 GROUP_TITLES = {
     "": "Run",
     "dataset": "Dataset",
+    "checkpoint": "Start from another run's checkpoint (a new run at step 0)",
     "policy": "Policy (fields marked [act, ...] exist on those policy types only)",
     "optimizer": "Optimizer",
     "scheduler": "Schedule",

@@ -21,7 +21,7 @@ from ckpt_tools.errors import CkptError
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency, save_files, saved_hyperparameters
+from ckpt_tools.format.rules import consistency, load_plan, save_files, saved_hyperparameters
 from ckpt_tools.format.rules.startup import RunSettings
 
 MODEL, OPTIMIZER, SCHEDULER, SCALER, RNG = "model", "optimizer", "scheduler", "scaler", "rng"
@@ -122,6 +122,8 @@ def source_checks(
         if part == MODEL:
             chosen = manifest.choose(manifest.weights_inputs(False), paths)
             problem = manifest.no_weights_reason(paths, False) if chosen is None else None
+            if problem is None and load_plan.saved_shapes(paths) is None:
+                problem = f"{paths.root / chosen.path}: its tensor table cannot be read (a damaged header or metadata)"
             inputs = (chosen,) if chosen is not None else ()
         elif part == OPTIMIZER:
             chosen = manifest.choose(manifest.optimizer_inputs(), paths)

@@ -103,8 +103,9 @@ def source_checks(
 ) -> list[SourceCheck]:
     """Whether ``paths`` can give each of ``parts``: its container there, its files those its save wrote,
     and (when optimizer or scheduler state is chosen) its counters from the record's step and, given
-    the new run's ``settings``, its saved hyper-parameters equal to the ones the run is configured with
-    (torch's loads would apply the saved ones silently, as on a resume).
+    the new run's ``settings`` and the scheduler chosen, its saved hyper-parameters equal to the ones the
+    run is configured with (the saved schedule goes on, as on a resume). The optimizer part alone is its
+    state - moments and step counts - under this run's own hyper-parameters.
 
     ``fp16``: the new run has a loss scaler (only then is ``scaler`` read).
     """
@@ -137,7 +138,7 @@ def source_checks(
             problem = save_files.summary(paths, found) if found else None
         if problem is None and part in (OPTIMIZER, SCHEDULER):
             problem = consistency.inconsistency(paths, record)
-        if problem is None and part in (OPTIMIZER, SCHEDULER) and settings is not None:
+        if problem is None and part == SCHEDULER and settings is not None:
             problem = saved_hyperparameters.mismatch(paths, settings)
         out.append(SourceCheck(part, problem, ", ".join(p.name for p in inputs) or "nothing (not this run's)"))
     return out

@@ -109,7 +109,11 @@ def _initialize(s: TrainingState, source: LoadSource) -> InitReport:
     if load_parts.MODEL in wanted:
         reads.update(_load_weights(s, paths, None, warnings))
     if load_parts.OPTIMIZER in wanted:
+        own = [{k: v for k, v in group.items() if k != "params"} for group in s.optimizer.param_groups]
         reads.update(_load_optimizer(s, paths, record))
+        if load_parts.SCHEDULER not in wanted:  # the moments go on under this run's lr, betas, eps, decay
+            for group, settings in zip(s.optimizer.param_groups, own, strict=True):
+                group.update(settings)
     _write_audit(s, paths, reads)
     if load_parts.SCHEDULER in wanted:
         parts.load_scheduler_state(s.scheduler, paths)

@@ -50,7 +50,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import save_data, save_files, unresumable_reason
+from ckpt_tools.format.rules import load_parts, save_data, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
 from ckpt_tools.st import dtypes
@@ -113,6 +113,7 @@ class InspectReport:
     training_step: dict[str, Any] | None = None
     topology: str | None = None
     batch: str | None = None
+    initialized_from: str | None = None  # a run started from another's parts (--checkpoint.load_from)
     legacy: bool = False
     weights: list[WeightsSummary] = field(default_factory=list)
     steps: list[StepSummary] = field(default_factory=list)
@@ -447,6 +448,8 @@ def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | 
     report.legacy = record.is_legacy
     if record.batch is not None:
         report.batch = record.batch.describe()
+    if record.initialized_from is not None:
+        report.initialized_from = load_parts.describe(record.initialized_from)
     summary = record.unknown_summary()
     if summary and not record.is_legacy:
         report.notes.append(summary)

@@ -120,6 +120,8 @@ def _print_report(report: Any, tensors: bool) -> None:
         echo(f"  topology: {report.topology or 'unknown (no training_step.json)'}")
         if report.batch:
             echo(f"  batch: {report.batch}")
+        if report.initialized_from:
+            echo(f"  initialized from: {report.initialized_from}")
     for w in report.weights:
         dtypes = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(w.bytes_by_dtype.items(), key=lambda kv: -kv[1]))
         optimizer = w.path.startswith(TRAINING_STATE_DIR)

@@ -10,7 +10,7 @@ import typer
 from ckpt_tools.cli import options as opt
 from ckpt_tools.cli.app import app, emit_json, handled
 from ckpt_tools.cli.untrusted import echo
-from ckpt_tools.errors import ExitCode
+from ckpt_tools.errors import ExitCode, UsageError
 
 VERIFY_HELP = """Check every precondition of resuming CKPT and exit 0 only when the resume will work.
 
@@ -37,8 +37,15 @@ Examples:
   ckpt-tools verify-resume outputs/run/checkpoints/last --nproc 4 --dp-replicate 2 --dp-shard 2 --strict
   ckpt-tools verify-resume outputs/run/checkpoints/005000 --config next_run/train_config.json --json
   ckpt-tools verify-resume ckpt --nproc 1 --dp-shard 1 --checkpoint-format safetensors
+  ckpt-tools verify-resume outputs/run --load model
 
-Exit codes: 0 resumable; 1 a check failed (or warned, with --strict); 2 bad flags;
+--load PARTS asks another question: would a NEW run start from CKPT's parts
+(`ckpt-train --checkpoint.load_from=CKPT --checkpoint.load=PARTS`, PARTS a comma list of model,
+optimizer, scheduler, scaler, rng or all)? Only those parts' checks run, the trainer's own: a
+checkpoint whose optimizer state is damaged is loadable with --load model, not resumable.
+A checkpoint of a run that started that way names where it was initialized from.
+
+Exit codes: 0 resumable (with --load: loadable); 1 a check failed (or warned, with --strict); 2 bad flags;
 3 CKPT (or --config) is missing or not a checkpoint.
 """
 
@@ -70,21 +77,58 @@ def verify_resume_command(
             help="Skip the trainer's build checks (dataset, policy on the meta device, load plan): torch-free, faster.",
         ),
     ] = False,
+    load: Annotated[
+        str | None,
+        typer.Option(
+            "--load",
+            metavar="PARTS",
+            help="Judge a new run's start from these parts (ckpt-train --checkpoint.load=PARTS), not a resume.",
+        ),
+    ] = None,
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.io.reader_lease import reading_path
-    from ckpt_tools.resume.verify import verify_resume
+    from ckpt_tools.resume.verify import verify_load, verify_resume
 
     request = opt.target_request(locals())
-    with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
-        report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
+    if load is not None:
+        _refuse_resume_flags(locals())
+        with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
+            report = verify_load(checkpoint, load, fp16=mixed_precision == "fp16")
+    else:
+        with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
+            report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
     if json_out:
         emit_json(report.to_dict())
     else:
         print_report(report)
     if not report.resumable:
         raise typer.Exit(code=int(ExitCode.CHECK_FAILED))
+
+
+RESUME_ONLY = {
+    "config": "--config",
+    "nproc": "--nproc",
+    "dp_replicate": "--dp-replicate",
+    "dp_shard": "--dp-shard",
+    "batch_size": "--batch-size",
+    "grad_accum": "--grad-accum",
+    "checkpoint_format": "--checkpoint-format",
+    "trainer": "--trainer",
+    "output_dir": "--output-dir",
+    "overwrite_checkpoints": "--overwrite-checkpoints",
+    "strict": "--strict",
+}
+
+
+def _refuse_resume_flags(parameters: dict[str, Any]) -> None:
+    """--load judges a new run's start, which loads onto any topology: a resume's target flags do not apply."""
+    given = [flag for name, flag in RESUME_ONLY.items() if parameters.get(name) not in (None, False)]
+    if given:
+        raise UsageError(
+            f"--load judges a new run's start from CKPT's parts, on any topology: {', '.join(given)} describe a resume"
+        )
 
 
 def print_report(report: Any) -> None:
@@ -96,6 +140,13 @@ def print_report(report: Any) -> None:
         echo(f"  {MARKS.get(c.status, c.status.upper())}  {c.name:<{width}}  {c.message}")
     warnings = sum(c.status == "warn" for c in report.checks)
     failed = len(report.failures)
+    if report.load is not None:
+        parts = ",".join(report.load)
+        if report.resumable:
+            echo(f"loadable: a new run can start from its {parts} (ckpt-train --checkpoint.load={parts})")
+        else:
+            echo(f"NOT LOADABLE: {failed} check{'s' if failed != 1 else ''} failed for --load {parts}")
+        return
     if report.resumable:
         extra = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
         echo(f"resumable{extra}")

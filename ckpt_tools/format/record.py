@@ -185,6 +185,9 @@ class TrainingStep:
     sharded: bool | None = None
     peft: bool | None = None
     versions: dict[str, str] = field(default_factory=dict)
+    # A run started from another run's checkpoint parts (--checkpoint.load_from): that checkpoint's
+    # path, step, save id and the parts loaded (ckpt_tools.format.rules.load_parts); None otherwise.
+    initialized_from: dict[str, Any] | None = None
     schema_version: int | None = SCHEMA_VERSION
     # Filled by from_dict: what the record did not say, and keys it had that we do not know.
     unknown: tuple[str, ...] = ()
@@ -213,6 +216,8 @@ class TrainingStep:
             if f.name in ("unknown", "extra", "legacy_num_processes", "schema_version", "schema", "derived"):
                 continue
             value = getattr(self, f.name)
+            if f.name == "initialized_from" and value is None:
+                continue  # only a run started from another's parts records one
             out[f.name] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         if self.topology is not None:
             out["topology"]["layout"] = self.topology.layout.value
@@ -268,6 +273,7 @@ class TrainingStep:
             versions={str(k): str(v) for k, v in (data.get("versions") or {}).items()}
             if isinstance(data.get("versions"), dict)
             else {},
+            initialized_from=_initialized_from(data.get("initialized_from")),
             schema_version=_int(data, "schema_version"),
             extra={k: v for k, v in data.items() if k not in known},
             legacy_num_processes=legacy,
@@ -396,6 +402,27 @@ def _object(value: Any, key: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise CheckpointError(f"training_step.json: '{key}' must be an object, got {_show(value)}")
     return value
+
+
+def _initialized_from(value: Any) -> dict[str, Any] | None:
+    """``initialized_from``: where a run's starting parts came from (a path, a step, a save id, part names)."""
+    data = _object(value, "initialized_from")
+    if data is None:
+        return None
+    parts = data.get("parts")
+    if (
+        not isinstance(data.get("path"), str)
+        or not isinstance(parts, list)
+        or not all(isinstance(p, str) for p in parts)
+    ):
+        raise CheckpointError("training_step.json: 'initialized_from' needs a string path and a list of part names")
+    save_id = data.get("save_id")
+    return {
+        "path": data["path"],
+        "step": _int(data, "step"),
+        "save_id": save_id if isinstance(save_id, str) else None,
+        "parts": list(parts),
+    }
 
 
 def _topology(value: Any) -> Topology | None:

@@ -116,7 +116,7 @@ CONFIG_SCALARS = frozenset(
 
 
 # The fields that hold a local path (policy.path may be a Hub id instead).
-PATH_FIELDS = ("output_dir", "dataset.root", "policy.path")
+PATH_FIELDS = ("output_dir", "dataset.root", "policy.path", "checkpoint.load_from")
 
 
 def absolute_path(value: str) -> str:
@@ -203,6 +203,9 @@ class SavedConfig:
                 _set(raw, dotted, value)
         if self.run_dir is not None:
             raw["output_dir"] = str(self.run_dir)
+        # The parts a run started from were loaded at its step 0; its resume continues its own state.
+        if isinstance(raw.get("checkpoint"), dict):
+            raw["checkpoint"] = {**raw["checkpoint"], "load_from": None, "load": None}
         return raw
 
     @property
@@ -317,6 +320,9 @@ class SavedConfig:
             max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
             keep_last_n=self.keep_last_n,
             last_link=_str(raw, "checkpoint.last_link"),
+            load_from=self.resolve("checkpoint.load_from"),
+            load=_str(raw, "checkpoint.load"),
+            resume=raw.get("resume") is True,
         )
 
     @property

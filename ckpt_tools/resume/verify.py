@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check, Subject
-from ckpt_tools.errors import CkptError
+from ckpt_tools.errors import CkptError, UsageError
+from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import resolve_step
+from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.resume.checks import resume_checks
 from ckpt_tools.resume.source import load_source
@@ -34,6 +36,7 @@ class VerifyReport:
     strict: bool
     checks: list[Check] = field(default_factory=list)
     trainer: str | None = None  # whose resume is predicted: ckpt-train or lerobot-train
+    load: tuple[str, ...] | None = None  # verify_load: the parts a new run would start from (not a resume)
 
     @property
     def failures(self) -> list[Check]:
@@ -52,7 +55,9 @@ class VerifyReport:
             "target": self.target,
             "strict": self.strict,
             "trainer": self.trainer,
-            "resumable": self.resumable,
+            "resumable": self.resumable if self.load is None else None,
+            "load": list(self.load) if self.load is not None else None,
+            "loadable": self.resumable if self.load is not None else None,
             "checks": [c.to_dict() for c in self.checks],
         }
 
@@ -98,7 +103,49 @@ def verify_resume(
     report.target = target.topology.describe() if target.topology else None
     report.trainer = target.trainer.value
     report.checks = resume_checks(source, target, build=build)
+    if source.record.initialized_from is not None:
+        report.checks.append(_initialized_from_check(source.record.initialized_from))
     return report
+
+
+def verify_load(checkpoint: str | os.PathLike[str], load: str | None, *, fp16: bool = False) -> VerifyReport:
+    """Would ``ckpt-train --checkpoint.load_from=CHECKPOINT --checkpoint.load=LOAD`` start? (not a resume).
+
+    The checks are the trainer's own start-up rule for the parts chosen
+    (:func:`ckpt_tools.format.rules.load_parts.source_checks`), one per part: only those parts'
+    files are judged, so a checkpoint whose optimizer state is damaged passes for ``model``.
+    ``fp16``: the new run has a loss scaler (``scaler`` is read only then). Raises
+    :class:`~ckpt_tools.errors.UsageError` for an unknown part name.
+    """
+    try:
+        parts = load_parts.parse(load)
+    except ValueError as e:
+        raise UsageError(str(e).replace(load_parts.LOAD_FLAG, "--load")) from None
+    paths = resolve_step(checkpoint)
+    subject = Subject.of(paths.root, None)
+    report = VerifyReport(subject.checkpoint or str(paths.root), subject.step, None, "a new run (any topology)", False)
+    report.load = parts
+    try:
+        record = manifest.read_record(paths)
+    except CkptError as e:
+        report.checks.append(Check.fail("training-step", str(e)))
+        return report
+    subject = Subject.of(paths.root, record)
+    report.step, report.topology = subject.step, subject.topology
+    report.checks.append(Check.ok("training-step", f"step {record.step}"))
+    for found in load_parts.source_checks(paths, record, parts, fp16=fp16):
+        name = f"load-{found.part}"
+        report.checks.append(
+            Check.fail(name, found.problem) if found.problem else Check.ok(name, f"reads {found.reads}")
+        )
+    if record.initialized_from is not None:
+        report.checks.append(_initialized_from_check(record.initialized_from))
+    return report
+
+
+def _initialized_from_check(initialized: dict[str, object]) -> Check:
+    """Where the run that wrote a checkpoint took its starting parts from (informational)."""
+    return Check.ok("initialized-from", f"this run started at step 0 from {load_parts.describe(initialized)}")
 
 
 def _implied_nproc(dp_replicate: int | None, dp_shard: int | None, config: SavedConfig | None) -> int | None:

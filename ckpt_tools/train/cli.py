@@ -33,6 +33,7 @@ TRAINING_MODULES = ("torch", "draccus")
 HELP_FLAGS = ("--help", "-h")
 
 if TYPE_CHECKING:
+    from ckpt_tools.train.checkpoint.load import LoadSource
     from ckpt_tools.train.config import TrainConfig
 
 
@@ -73,6 +74,7 @@ def _main(argv: list[str] | None) -> None:
             # A 0.6.x checkpoint is named as such before anything else, then one whose parts disagree.
             step = preflight_resume(resume_from).step
         cfg.validate()
+        load_source = _load_source(cfg) if resume_from is None else None
         if resume_from is not None:
             from ckpt_tools.format.layout import StepPaths
             from ckpt_tools.train.checkpoint.load import require_saved_settings
@@ -94,9 +96,27 @@ def _main(argv: list[str] | None) -> None:
         echo(f"note: {note}")
     for notice in notices if is_main else []:
         echo(f"warning: {notice}")
+    if load_source is not None and is_main:
+        echo(f"note: this new run starts from {load_parts_line(load_source)}; the other parts start fresh")
     if dry_run:
         _dry_run_exit(cfg, resume_from, is_main)
-    _run(cfg, resume_from)
+    _run(cfg, resume_from, load_source)
+
+
+def _load_source(cfg: TrainConfig) -> LoadSource | None:
+    """``--checkpoint.load_from``: the checkpoint and the parts a new run starts from, checked (None: a fresh run)."""
+    if not cfg.checkpoint.load_from:
+        return None
+    from ckpt_tools.train.checkpoint.load import preflight_load_source
+
+    fp16 = cfg.accelerator.mixed_precision == "fp16"
+    return preflight_load_source(cfg.checkpoint.load_from, cfg.checkpoint.load, cfg.run_settings(), fp16)
+
+
+def load_parts_line(source: LoadSource) -> str:
+    from ckpt_tools.format.rules.load_parts import describe, initialized_from
+
+    return describe(initialized_from(source.paths, source.record, source.parts))
 
 
 def _dry_run(args: list[str]) -> bool:
@@ -130,6 +150,8 @@ def _dry_run_exit(cfg: TrainConfig, resume_from: Path | None, is_main: bool) -> 
             echo(f"  {check.status:<4}  {check.name:<14} {check.message}")
         if failed is None:
             what = f"resume from {resume_from}" if resume_from is not None else f"start a run in {cfg.output_dir}"
+            if resume_from is None and cfg.checkpoint.load_from:
+                what += f" from {cfg.checkpoint.load_from}"
             echo(f"dry run: every check passed; this launch would {what} (nothing was written)")
         else:
             echo(f"error: {failed.message}", err=True)
@@ -180,7 +202,7 @@ def _resume_output(cfg: TrainConfig, resume_from: Path, step: int) -> list[str]:
     return [*verdict.notices, *([edit] if edit is not None else [])]
 
 
-def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
+def _run(cfg: TrainConfig, resume_from: Path | None, load_source: LoadSource | None = None) -> None:
     from ckpt_tools.train.loop import run_training
     from ckpt_tools.train.parallel.distributed import init_distributed, is_transport_failure, teardown
     from ckpt_tools.train.report import startup
@@ -190,7 +212,7 @@ def _run(cfg: TrainConfig, resume_from: Path | None) -> None:
     env = init_distributed(cfg.collective_timeout_s)
     startup.mark("process_group")
     try:
-        run_training(cfg, env, resume_from)
+        run_training(cfg, env, resume_from, load_source)
     except WriteError as e:
         # Rank-local: each rank writes its own files, and may be the only one that failed.
         _fail(WriteError(f"rank {env.rank}: {e}") if env.distributed else e, True, collective_started=True)

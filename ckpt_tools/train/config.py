@@ -115,7 +115,7 @@ class TrackioConfig:
 
 @dataclass
 class CheckpointConfig:
-    """How the run keeps its checkpoints (``--checkpoint.<field>``)."""
+    """How the run keeps its checkpoints, and what a new run starts from (``--checkpoint.<field>``)."""
 
     # Keep the newest N step directories; each save removes older ones once it is committed
     # (never `last`, the newest resumable step, or a step a reader holds). None: keep all.
@@ -123,6 +123,12 @@ class CheckpointConfig:
     # `last`: auto = a symlink, a pointer file where the file system refuses symlinks;
     # file = always the pointer file (for stores that mangle symlinks).
     last_link: str = "auto"
+    # Start this new run (step 0, its own --output_dir) from a checkpoint's parts: a step dir,
+    # `last`, a checkpoints/ dir or a run's output dir (its `last`).
+    load_from: str | None = None
+    # The parts to load, a comma list of model, optimizer, scheduler, scaler, rng, or all (a
+    # resume's set); None: model (weights only). The rest start fresh.
+    load: str | None = None
 
 
 @dataclass
@@ -190,6 +196,8 @@ class TrainConfig:
             self.output_dir = absolute_path(self.output_dir)
         if self.dataset.root:
             self.dataset.root = absolute_path(self.dataset.root)
+        if self.checkpoint.load_from:
+            self.checkpoint.load_from = absolute_path(self.checkpoint.load_from)
         if self.policy is not None and self.policy.path and Path(self.policy.path).expanduser().exists():
             self.policy.path = absolute_path(self.policy.path)
 

@@ -56,6 +56,11 @@ FLAG_HELP: dict[str, str] = {
     "checkpoint.last_link": "How checkpoints/last is written: auto = a symlink, a pointer file holding the step"
     " dir's name where the file system refuses symlinks; file = always the pointer file (stores that mangle"
     " symlinks). Every reader takes either.",
+    "checkpoint.load_from": "Start this new run (step 0, in --output_dir) from another run's checkpoint: a step"
+    " dir, `last`, checkpoints/ or a run's output dir (its `last`); any layout, onto any topology. Without a"
+    " --policy.* flag the policy is the one it holds. Not with --resume=true.",
+    "checkpoint.load": "The parts of --checkpoint.load_from to load, a comma list of model, optimizer, scheduler,"
+    " scaler, rng, or all (a resume's set); the others start fresh (unset: model, the weights only).",
     "resume": "true: continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler,"
     " RNG and data position, resharded onto this launch's topology. auto: resume --output_dir's"
     " checkpoints/last (checked as true checks it) if there is one, else start a new run - the same"
@@ -156,6 +161,7 @@ DEFAULT_TEXT: dict[str, str] = {
     "policy.state_dim": "from the dataset",
     "policy.action_dim": "from the dataset",
     "config_path": "none",
+    "checkpoint.load": "model (the weights only) when --checkpoint.load_from is given",
 }
 
 CHOICES: dict[str, Sequence[str]] = {
@@ -176,7 +182,7 @@ CHOICES: dict[str, Sequence[str]] = {
 GROUP_TITLES = {
     "": "Run",
     "dataset": "Dataset",
-    "checkpoint": "Checkpoints kept, and how `last` is written",
+    "checkpoint": "Checkpoints kept, how `last` is written, and starting from another run's checkpoint",
     "policy": "Policy (fields marked [act, ...] exist on those policy types only)",
     "optimizer": "Optimizer",
     "scheduler": "Schedule",

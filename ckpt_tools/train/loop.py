@@ -17,6 +17,7 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.record import Topology
 from ckpt_tools.format.rules.resume_output import new_run_refusal, saved_step_dir
 from ckpt_tools.format.rules.saved_hyperparameters import adamw_options
+from ckpt_tools.train.checkpoint.load import LoadSource
 from ckpt_tools.train.checkpoint.manager import CheckpointManager
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import TrainConfig
@@ -111,15 +112,20 @@ def build_policy(
     return policy, pre, post
 
 
-def run_training(cfg: TrainConfig, env: DistEnv, resume_from: Path | None) -> None:
+def run_training(
+    cfg: TrainConfig, env: DistEnv, resume_from: Path | None, load_source: LoadSource | None = None
+) -> None:
+    """``load_source``: a new run's starting parts from another checkpoint (``--checkpoint.load_from``)."""
     dp_replicate, dp_shard = cfg.validate_for_world(env.world_size)
     topology = Topology(env.world_size, dp_replicate, dp_shard, env.nnodes)
     same_resume_on_every_rank(env, resume_from)
     with own_output_dir(env, Path(str(cfg.output_dir))):
-        _run_owned(cfg, env, resume_from, topology)
+        _run_owned(cfg, env, resume_from, topology, load_source)
 
 
-def _run_owned(cfg: TrainConfig, env: DistEnv, resume_from: Path | None, topology: Topology) -> None:
+def _run_owned(
+    cfg: TrainConfig, env: DistEnv, resume_from: Path | None, topology: Topology, load_source: LoadSource | None
+) -> None:
     """The run, once this launch owns its output directory."""
     refusal = new_run_refusal(Path(str(cfg.output_dir))) if resume_from is None else None
     if refusal is not None:
@@ -149,6 +155,12 @@ def _run_owned(cfg: TrainConfig, env: DistEnv, resume_from: Path | None, topolog
             f"resumed from {report.source} at step {report.step} (epoch {position.epoch}, offset {position.offset})",
         )
         for warning in report.warnings:
+            log(env, f"warning: {warning}")
+    elif load_source is not None:
+        started = manager.initialize(load_source)
+        startup.mark("load")
+        log(env, f"initialized from {started.source} (step {started.step}): {','.join(started.parts)}; at step 0")
+        for warning in started.warnings:
             log(env, f"warning: {warning}")
     tracker = make_tracker(cfg, env)
     train_steps(state, manager, dataset, tracker)

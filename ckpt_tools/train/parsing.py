@@ -203,6 +203,10 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
             pass
         step_dir = _auto_resume(args, config_path, notes)
         resume = step_dir is not None
+        if resume:  # a relaunch continues the run's own state, not the parts it started from
+            for name in ("checkpoint.load_from", "checkpoint.load"):
+                while _pop(args, name) is not None:
+                    pass
         config_path = str(step_dir) if step_dir is not None else config_path
     if resume:
         if config_path is None:
@@ -228,6 +232,9 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
         if published and _peek(args, "policy.repo_id") is None:
             notes.append(_not_republished(policy_path, published))
         args = [a for a in args if not a.startswith("--policy.type")]
+    load_from = _peek(args, "checkpoint.load_from")
+    if load_from is not None and policy_path is None and _peek(args, "policy.type") is None:
+        base = _with_source_policy(base or {}, load_from)
     cfg = _draccus_parse(args, base)
     cfg.record_absolute_paths()
     return cfg, None
@@ -278,6 +285,35 @@ def _with_pretrained_policy(base: dict[str, Any], policy_path: str, cli_type: st
         )
     saved["path"] = str(directory) if Path(policy_path).exists() else policy_path
     return {**base, "policy": saved}
+
+
+def _with_source_policy(base: dict[str, Any], load_from: str) -> dict[str, Any]:
+    """``--checkpoint.load_from`` without a policy flag: the policy its checkpoint holds, built as it was saved.
+
+    Read as ``--policy.path`` reads a saved policy, but without the path: the weights come from
+    the parts the load chooses (:mod:`ckpt_tools.format.rules.load_parts`), not from here.
+    """
+    try:
+        step = layout.resolve_step(load_from)
+    except CheckpointError as e:
+        raise CheckpointError(f"--checkpoint.load_from={e}") from None
+    if isinstance(base.get("policy"), dict):
+        return base  # --config_path names the policy
+    from ckpt_tools.format.manifest import read_record
+    from ckpt_tools.format.rules import load_parts
+
+    record = read_record(step)
+    if record.peft:  # its pretrained_model/ holds an adapter: the line says what to pass instead
+        raise CheckpointError(load_parts.source_refusal(step, record, load_parts.DEFAULT, fp16=False) or "")
+    policy: dict[str, Any] = read_json_file(
+        step.policy_config, label=f"--checkpoint.load_from={step.policy_config}", want_object=True
+    )
+    foreign = _lerobot_policy_problem(policy, str(step.pretrained_model))
+    if foreign is not None or not isinstance(policy.get("type"), str):
+        raise ConfigError(foreign or f"--checkpoint.load_from={step.policy_config}: not a policy config (no 'type')")
+    for field_name in ("path", "repo_id", "private"):
+        policy.pop(field_name, None)
+    return {**base, "policy": policy}
 
 
 def _not_republished(policy_path: str, repo_id: str) -> str:

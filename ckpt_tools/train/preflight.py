@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
-from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.format.rules import load_plan
+from ckpt_tools.format.layout import StepPaths, resolve_step
+from ckpt_tools.format.rules import load_parts, load_plan
 from ckpt_tools.format.rules.resume_output import new_run_refusal
 from ckpt_tools.train.config import TrainConfig
 
@@ -57,6 +57,8 @@ def build_checks(cfg: TrainConfig, resume_from: Path | None, launch: Launch) -> 
     if step is None:
         return checks
     expected = _policy(cfg, step, launch, dp_shard, checks)
+    if expected is not None and resume_from is None and cfg.checkpoint.load_from:
+        return [*checks, _load_source_plan(cfg, expected)]
     if expected is None or resume_from is None:
         return checks
     if cfg.peft is not None:
@@ -67,6 +69,25 @@ def build_checks(cfg: TrainConfig, resume_from: Path | None, launch: Launch) -> 
         return [*checks, Check.fail("load-plan", line)]
     checks.append(Check.ok("load-plan", f"every one of the model's {len(expected)} tensors is saved with its shape"))
     return checks
+
+
+def _load_source_plan(cfg: TrainConfig, expected: dict[str, tuple[int, ...]]) -> Check:
+    """``--checkpoint.load_from``: the load-plan check for the parts chosen (the model's shapes, when it is one)."""
+    assert cfg.checkpoint.load_from is not None
+    parts = load_parts.parse(cfg.checkpoint.load)
+    try:
+        source = resolve_step(cfg.checkpoint.load_from)
+    except CkptError as e:
+        return Check.fail("load-plan", str(e))
+    if load_parts.MODEL not in parts:
+        return Check.ok("load-plan", f"{','.join(parts)} from {source.root} (no weights: the model starts fresh)")
+    line = load_plan.mismatch(source, expected)
+    if line is not None:
+        return Check.fail("load-plan", line)
+    return Check.ok(
+        "load-plan",
+        f"{','.join(parts)} from {source.root}: every one of the model's {len(expected)} tensors is saved with its shape",
+    )
 
 
 def _dataset(cfg: TrainConfig, checks: list[Check]) -> object | None:

@@ -85,6 +85,9 @@ class RunSettings:
     max_nonfinite_steps: int | None = None
     keep_last_n: int | None = None  # None: keep every checkpoint
     last_link: str | None = None
+    load_from: str | None = None  # --checkpoint.load_from: a new run from a checkpoint's parts
+    load: str | None = None  # --checkpoint.load: which parts (None: the model)
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def _one_of(choices: Sequence[str]) -> str:
 
 def setting_refusals(s: RunSettings) -> list[Refusal]:
     """Every refusal that needs no world size, in the order the trainer checks them."""
-    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s)
+    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s) + _load(s)
     return [Refusal(text) for text in found]
 
 
@@ -321,6 +324,13 @@ def _peft(s: RunSettings) -> list[str]:
     if s.peft_r is not None and s.peft_r <= 0:
         out.append(f"--peft.r={s.peft_r}: must be positive")
     return out
+
+
+def _load(s: RunSettings) -> list[str]:
+    # Imported here: load_parts reads the manifest, which imports this module.
+    from ckpt_tools.format.rules.load_parts import setting_problems
+
+    return setting_problems(s.load_from, s.load, resume=s.resume, peft=s.peft, policy_path=s.policy_path)
 
 
 # ====================================================================== once the world size is known

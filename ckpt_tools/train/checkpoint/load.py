@@ -16,10 +16,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ckpt_tools.errors import CheckpointError, CkptError
-from ckpt_tools.format import manifest
+from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency, load_plan, save_files, saved_hyperparameters
+from ckpt_tools.format.rules import consistency, load_parts, load_plan, save_files, saved_hyperparameters
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.train.checkpoint import parts, rng, state_dicts
@@ -37,6 +37,97 @@ class ResumeReport:
     sample_exact: bool
     rng_restored: bool
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class InitReport:
+    """What a new run took from another run's checkpoint (``--checkpoint.load_from``)."""
+
+    source: Path
+    step: int
+    parts: tuple[str, ...]
+    initialized_from: dict[str, object]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadSource:
+    """The checkpoint a new run starts from, its record, and the parts it takes."""
+
+    paths: StepPaths
+    record: TrainingStep
+    parts: tuple[str, ...]
+
+
+def preflight_load_source(load_from: str, load: str | None, settings: RunSettings, fp16: bool) -> LoadSource:
+    """Before any process group exists: can this checkpoint give the parts chosen (the rule
+    ``verify-resume --load`` applies)? One :class:`CheckpointError` line when not.
+
+    The parts not chosen are not read, nor judged: a damaged optimizer file does not stop a
+    weights-only start.
+    """
+    try:
+        paths = layout.resolve_step(load_from)
+    except CheckpointError as e:
+        raise CheckpointError(f"{load_parts.LOAD_FROM_FLAG}={e}") from None
+    record = manifest.read_record(paths)
+    chosen_parts = load_parts.parse(load)
+    line = load_parts.source_refusal(paths, record, chosen_parts, fp16=fp16, settings=settings)
+    if line is not None:
+        raise CheckpointError(line)
+    return LoadSource(paths, record, chosen_parts)
+
+
+def initialize_from(s: TrainingState, source: LoadSource) -> InitReport:
+    """Collective: load the chosen parts of ``source`` into a new run at step 0; the rest stay fresh.
+
+    The same part loaders a resume uses (so the same resharding onto any topology); the data
+    position, the step and the counters stay the new run's. Failures end as one
+    :class:`CheckpointError` naming the directory, as a resume's do.
+    """
+    try:
+        return _initialize(s, source)
+    except CkptError:
+        raise
+    except Exception as e:
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise CheckpointError(
+            f"{source.paths.root}: cannot load {','.join(source.parts)} from it ({type(e).__name__}: {detail})"
+        ) from None
+
+
+def _initialize(s: TrainingState, source: LoadSource) -> InitReport:
+    paths, record, wanted = source.paths, source.record, source.parts
+    fp16 = s.cfg.accelerator.mixed_precision == "fp16"
+    chosen = tuple(c for part in wanted for c in load_parts.containers(part, fp16=fp16))
+    require_valid_dcp_inputs(paths, only=chosen)  # before torch's DCP load touches a byte
+    line = load_parts.source_refusal(paths, record, wanted, fp16=fp16, settings=s.cfg.run_settings())
+    if line is not None:  # as the start-up found (or not): each load refuses on its own too
+        raise CheckpointError(line)
+    warnings: list[str] = []
+    reads: dict[str, int] = {}
+    if load_parts.MODEL in wanted:
+        reads.update(_load_weights(s, paths, None, warnings))
+    if load_parts.OPTIMIZER in wanted:
+        own = [{k: v for k, v in group.items() if k != "params"} for group in s.optimizer.param_groups]
+        reads.update(_load_optimizer(s, paths, record))
+        if load_parts.SCHEDULER not in wanted:  # the moments go on under this run's lr, betas, eps, decay
+            for group, settings in zip(s.optimizer.param_groups, own, strict=True):
+                group.update(settings)
+    _write_audit(s, paths, reads)
+    if load_parts.SCHEDULER in wanted:
+        parts.load_scheduler_state(s.scheduler, paths)
+    if load_parts.SCALER in wanted and fp16:
+        parts.load_scaler_state(s.scaler, paths)
+    if load_parts.RNG in wanted:
+        same_world = record.topology is not None and record.topology.world_size == s.env.world_size
+        if same_world:
+            parts.load_rng_state(paths, s.env)
+        else:
+            warnings.append("random generator state not loaded (world size changed): the new run's seeds stand")
+    initialized = load_parts.initialized_from(paths, record, wanted)
+    s.initialized_from = initialized
+    return InitReport(paths.root, record.step, wanted, initialized, warnings)
 
 
 def load_checkpoint(state: TrainingState, step_dir: Path, trainable: set[str] | None) -> ResumeReport:
@@ -120,6 +211,7 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     s.sampler.restore(record.samples_seen)
     s.step = record.step
     s.optimizer_steps = record.optimizer_steps or 0
+    s.initialized_from = record.initialized_from  # a run started from another's parts says so to its end
     order = DataOrderChange(record.dp_world_size, record.batch_size, s.sampler.world_size, s.cfg.batch_size)
     sample_exact = order.sample_exact is True
     if not sample_exact:

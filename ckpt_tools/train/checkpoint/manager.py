@@ -30,7 +30,7 @@ from ckpt_tools.format.record import Topology, TrainingStep
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.format.rules.startup import saved_format
 from ckpt_tools.train.checkpoint import finite, rng, state_dicts
-from ckpt_tools.train.checkpoint.load import ResumeReport, load_checkpoint
+from ckpt_tools.train.checkpoint.load import InitReport, LoadSource, ResumeReport, initialize_from, load_checkpoint
 from ckpt_tools.train.checkpoint.save_job import PhaseClock, SaveGroups, SaveJob, StagingBuffers, prepare_partial
 from ckpt_tools.train.checkpoint.training_state import TrainingState
 from ckpt_tools.train.config import train_config_dict
@@ -268,6 +268,7 @@ class CheckpointManager:
             sharded=s.parallel.sharded,
             peft=s.peft_model is not None,
             versions={"torch": torch.__version__, "ckpt_tools": __version__},
+            initialized_from=s.initialized_from,
         )
 
     # ------------------------------------------------------------------ load
@@ -275,6 +276,10 @@ class CheckpointManager:
     def load(self, step_dir: Path) -> ResumeReport:
         """Collective: restore everything from ``step_dir`` onto the current topology."""
         return load_checkpoint(self.state, step_dir, self._peft_trainable())
+
+    def initialize(self, source: LoadSource) -> InitReport:
+        """Collective: a new run's chosen parts from another run's checkpoint (``--checkpoint.load_from``)."""
+        return initialize_from(self.state, source)
 
 
 def _shared_save_id(env: DistEnv) -> str:

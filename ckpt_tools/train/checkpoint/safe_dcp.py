@@ -56,14 +56,17 @@ from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 
 
-def require_valid_dcp_inputs(paths: StepPaths) -> None:
+def require_valid_dcp_inputs(paths: StepPaths, only: tuple[manifest.Part, ...] | None = None) -> None:
     """Refuse a resume whose DCP directories are not what their ``.metadata`` says.
 
     Called before any state is touched, on every rank (each reaches the same verdict from the
     same files): the model directory and the optimizer directory, each where the manifest says
-    the loader reads it. The first problem is raised as the line ``inspect`` shows.
+    the loader reads it (``only``: those of these parts, for a load of some parts). The first
+    problem is raised as the line ``inspect`` shows.
     """
     for part in manifest.dcp_inputs(paths):
+        if only is not None and part not in only:
+            continue
         validate.require_valid_dir(paths.root / part.path)
 
 

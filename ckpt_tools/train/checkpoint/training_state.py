@@ -32,3 +32,6 @@ class TrainingState:
     peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
     step: int = 0
     optimizer_steps: int = 0
+    # Where a run started from another run's checkpoint parts (--checkpoint.load_from), recorded in
+    # every training_step.json of the run; None for a run started fresh.
+    initialized_from: dict[str, Any] | None = None

@@ -66,7 +66,7 @@ def test_async_saves_keep_the_newest_two_and_last_is_a_pointer_file(run: tuple[P
     assert "checkpoint retention (--checkpoint.keep_last_n=2): removed 000002" in stdout
     assert stdout.count("committed") == 4  # every save was a background one
     saved = json.loads((root / "000004" / "pretrained_model" / "train_config.json").read_text())
-    assert saved["checkpoint"] == {"keep_last_n": 2, "last_link": "file"}
+    assert saved["checkpoint"] == {"keep_last_n": 2, "last_link": "file", "load_from": None, "load": None}
 
 
 def test_every_tool_reads_the_pointer_file(run: tuple[Path, str], tmp_path: Path) -> None:

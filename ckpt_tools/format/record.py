@@ -184,6 +184,8 @@ class TrainingStep:
     sampler: SamplerPosition | None = None
     sharded: bool | None = None
     peft: bool | None = None
+    # EMA updates the saved shadow holds (diffusers' ``optimization_step``); None: the run kept no EMA.
+    ema_steps: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
     schema_version: int | None = SCHEMA_VERSION
     # Filled by from_dict: what the record did not say, and keys it had that we do not know.
@@ -265,6 +267,7 @@ class TrainingStep:
             sampler=_sampler(data.get("sampler")),
             sharded=_bool(data, "sharded"),
             peft=_bool(data, "peft"),
+            ema_steps=_int(data, "ema_steps"),
             versions={str(k): str(v) for k, v in (data.get("versions") or {}).items()}
             if isinstance(data.get("versions"), dict)
             else {},

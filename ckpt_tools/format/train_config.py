@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.format import layout
+from ckpt_tools.format.ema import ema_enabled, schedule_from_config
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -318,6 +319,8 @@ class SavedConfig:
             min_lr_ratio=_float(raw, "scheduler.min_lr_ratio"),
             dropout=_float(raw, "policy.dropout"),
             max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
+            ema_enable=ema_enabled(raw),
+            ema_schedule=schedule_from_config(raw["ema"]) if isinstance(raw.get("ema"), dict) else None,
         )
 
     @property

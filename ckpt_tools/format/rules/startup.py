@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.rules.ignored_modules import pattern_problem
 
@@ -82,6 +83,8 @@ class RunSettings:
     min_lr_ratio: float | None = None
     dropout: float | None = None
     max_nonfinite_steps: int | None = None
+    ema_enable: bool | None = None  # --ema.enable (None: the config does not say)
+    ema_schedule: EmaSchedule | None = None  # the other --ema.* flags
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def _one_of(choices: Sequence[str]) -> str:
 
 def setting_refusals(s: RunSettings) -> list[Refusal]:
     """Every refusal that needs no world size, in the order the trainer checks them."""
-    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s)
+    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s) + _ema(s)
     return [Refusal(text) for text in found]
 
 
@@ -310,6 +313,20 @@ def _peft(s: RunSettings) -> list[str]:
         out.append("--peft.* needs --policy.path (the saved base policy the adapter is trained on)")
     if s.peft_r is not None and s.peft_r <= 0:
         out.append(f"--peft.r={s.peft_r}: must be positive")
+    return out
+
+
+def _ema(s: RunSettings) -> list[str]:
+    """LeRobot's checks of the ``--ema.*`` values, and its refusal of EMA with PEFT (the adapter is all that trains)."""
+    if not s.ema_enable:
+        return []
+    out = []
+    if s.ema_schedule is not None:
+        problem = s.ema_schedule.refusal()
+        if problem is not None:
+            out.append(problem)
+    if s.peft:
+        out.append("--ema.enable=true is not supported together with --peft.* (as in LeRobot)")
     return out
 
 

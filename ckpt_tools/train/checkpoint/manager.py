@@ -189,6 +189,8 @@ class CheckpointManager:
         self._refuse_nonfinite(step, model, optimizer)
         peft = s.peft_model is not None
         assert s.cfg.policy is not None
+        ema_model = s.ema.model_state(model) if s.ema is not None else None
+        ema_state = s.ema.lerobot_state() if s.ema is not None and not s.parallel.sharded and s.env.is_main else None
         job = SaveJob(
             step=step,
             root=self.root,
@@ -204,6 +206,8 @@ class CheckpointManager:
             scaler_state=s.scaler.state_dict() if s.scaler is not None else None,
             processors=(s.preprocessor, s.postprocessor),
             adapter_config=s.peft_model.peft_config["default"] if peft else None,
+            ema_model=ema_model,
+            ema_state=ema_state,
             save_id=_shared_save_id(s.env),
         )
         if s.env.is_main:
@@ -265,6 +269,7 @@ class CheckpointManager:
             sampler=s.sampler.position(),
             sharded=s.parallel.sharded,
             peft=s.peft_model is not None,
+            ema_steps=s.ema.optimization_step if s.ema is not None else None,
             versions={"torch": torch.__version__, "ckpt_tools": __version__},
         )
 

@@ -92,7 +92,7 @@ def numbers(data: Any) -> list[tuple[str, object]]:
 
 
 # The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
-CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
+CONFIG_GROUPS = frozenset({"dataset", "optimizer", "scheduler", "parallelism", "accelerator", "trackio", "ema"})
 OPTIONAL_GROUPS = frozenset({"policy", "peft"})
 CONFIG_SCALARS = frozenset(
     {

@@ -176,6 +176,7 @@ GROUP_TITLES = {
     "accelerator": "Accelerator",
     "peft": "PEFT (LoRA); off unless a --peft.* flag is given",
     "trackio": "Tracking",
+    "ema": "EMA of the weights (LeRobot's --ema.* flags)",
 }
 
 

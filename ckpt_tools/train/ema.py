@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ckpt_tools.dcp.torch_file import read_contiguous
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.format.ema import EmaSchedule
-
-NAMES_KEY = "shadow_param_names"  # beside diffusers' keys: lets a load match tensors by name, not by position
+from ckpt_tools.format.ema_state import NAMES_KEY, read_ema_state
 
 
 class EmaShadow:
@@ -107,24 +107,24 @@ def save_lerobot_state(state: dict[str, Any], path: Path) -> None:
 
 
 def read_lerobot_state(path: Path, expected: EmaShadow) -> tuple[dict[str, torch.Tensor], int]:
-    """``ema_state.pt`` back: (shadow by name, optimization_step). Weights only: never runs code from the file.
+    """``ema_state.pt`` back: (shadow by name, optimization_step), through the tools' restricted reader.
 
-    LeRobot's own file has no names: its tensors are matched by the parameters' order, as
-    diffusers' ``load_state_dict`` matches them.
+    Nothing in the file runs (:func:`ckpt_tools.format.ema_state.read_ema_state`). LeRobot's own
+    file has no names: its tensors are matched by the parameters' order, as diffusers'
+    ``load_state_dict`` matches them.
     """
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except Exception as e:
-        raise CheckpointError(f"{path}: unreadable EMA state ({type(e).__name__})") from None
-    shadow, step = state.get("shadow_params") if isinstance(state, dict) else None, state.get("optimization_step")
-    if not isinstance(shadow, list) or not isinstance(step, int):
-        raise CheckpointError(f"{path}: not an EMA state (no shadow_params list / optimization_step)")
-    names = state.get(NAMES_KEY) or list(expected.shadow)
-    if len(names) != len(shadow):
-        raise CheckpointError(f"{path}: {len(shadow)} shadow tensors for {len(names)} parameters")
-    return dict(zip(names, shadow, strict=True)), step
+    saved = read_ema_state(path)
+    names = saved.names if saved.names is not None else tuple(expected.shadow)
+    if len(names) != len(saved.tensors):
+        raise CheckpointError(f"{path}: {len(saved.tensors)} shadow tensors for {len(names)} parameters")
+    full = {}
+    for name, layout in zip(names, saved.tensors, strict=True):
+        dtype = getattr(torch, layout.dtype.name)
+        raw = bytearray(read_contiguous(path, layout))
+        full[name] = (
+            torch.frombuffer(raw, dtype=dtype).reshape(layout.size) if raw else torch.empty(layout.size, dtype=dtype)
+        )
+    return full, saved.optimization_step
 
 
 def schedule_of(config: Any) -> EmaSchedule:

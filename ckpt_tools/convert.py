@@ -44,6 +44,7 @@ from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest, peft_keys
+from ckpt_tools.format.ema import no_ema_weights
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.dir_lock import DirLock, DirLocked
 from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
@@ -504,9 +505,7 @@ def _resolve_ema_source(path: Path) -> _Source:
             raise CheckpointError(
                 f"{ema_dir}: no {L.MODEL_DCP_DIR}/ to convert - the EMA weights are already in safetensors form"
             )
-        raise CheckpointError(
-            f"{step.root}: holds no EMA weights (no {L.PRETRAINED_MODEL_EMA_DIR}/: saved without --ema.enable)"
-        )
+        raise CheckpointError(no_ema_weights(step))
     notes = (f"converting the EMA weights of {step.root.name}",)
     return _Source(step.ema_model_dcp, "model", ema_dir, notes, step)
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckpt_tools.errors import CkptError
 from ckpt_tools.format.layout import DCP_METADATA, StepPaths
 from ckpt_tools.format.record import TrainingStep
 
@@ -106,6 +107,11 @@ def ema_enabled(config: Mapping[str, Any]) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def no_ema_weights(paths: StepPaths) -> str:
+    """The line for a step asked for its EMA weights (``convert-dcp --ema``, ``push --ema``) that has none."""
+    return f"{paths.root}: holds no EMA weights (no {paths.pretrained_model_ema.name}/: saved without --ema.enable)"
+
+
 def checkpoint_has_ema(paths: StepPaths, record: TrainingStep) -> bool:
     """Whether the checkpoint holds an EMA shadow: ckpt-train's record says so; for LeRobot's, its files do."""
     if record.ema_steps is not None:
@@ -137,3 +143,61 @@ def resume_refusal(paths: StepPaths, record: TrainingStep, enabled: bool | None)
             " resuming without it would drop the shadow; resume with --ema.enable=true"
         )
     return None
+
+
+def saved_schedule(paths: StepPaths) -> tuple[EmaSchedule, str] | None:
+    """The EMA settings the checkpoint was trained with, and where they were read, or None (nothing says).
+
+    ``ema_state.pt`` holds diffusers' numbers (the clamp, ``update_after_step``, ``inv_gamma``,
+    ``power``) beside the shadow; a sharded save has none, and the copy of ``train_config.json``
+    the save recorded (:mod:`ckpt_tools.format.rules.save_files`) says them - never the file on
+    disk, which a user may have edited since.
+    """
+    from ckpt_tools.format.ema_state import read_ema_state_settings
+    from ckpt_tools.format.rules import save_files
+
+    if paths.ema_state.is_file():
+        numbers = read_ema_state_settings(paths.ema_state)
+        low, high = numbers.get("min_decay"), numbers.get("decay")
+        return schedule_from_config(
+            {**numbers, "decay": None, "min_decay": low, "max_decay": high}
+        ), paths.ema_state.name
+    try:
+        saved = save_files.read(paths)
+    except CkptError:
+        return None
+    kept = saved.files.get(save_files.KEPT_CONTENT) if saved is not None else None
+    content = kept.content if kept is not None else None
+    if not isinstance(content, dict) or not isinstance(content.get("ema"), dict):
+        return None
+    return schedule_from_config(content["ema"]), f"{save_files.KEPT_CONTENT} as saved"
+
+
+def schedule_change(paths: StepPaths, enabled: bool | None, schedule: EmaSchedule | None) -> str | None:
+    """The resumed ``--ema.*`` values that differ from the saved run's, as one line; None: the same (or unknown).
+
+    The shadow continues bit-exactly only under the schedule that built it, so a change is
+    refused like a changed optimizer setting (:mod:`ckpt_tools.format.rules.saved_hyperparameters`),
+    by the trainer and ``verify-resume`` alike. Compared as the update computes: the clamp
+    (a constant ``--ema.decay`` pins both ends), ``update_after_step``, ``inv_gamma``, ``power``.
+    """
+    if not enabled or schedule is None:
+        return None
+    found = saved_schedule(paths)
+    if found is None:
+        return None
+    saved, where = found
+    pairs = {
+        "--ema.min_decay (or --ema.decay)": (saved.clamp[0], schedule.clamp[0]),
+        "--ema.max_decay (or --ema.decay)": (saved.clamp[1], schedule.clamp[1]),
+        "--ema.update_after_step": (saved.update_after_step, schedule.update_after_step),
+        "--ema.inv_gamma": (saved.inv_gamma, schedule.inv_gamma),
+        "--ema.power": (saved.power, schedule.power),
+    }
+    changed = [f"{flag} {before!r} → {now!r}" for flag, (before, now) in pairs.items() if before != now]
+    if not changed:
+        return None
+    return (
+        f"{', '.join(changed)}: the EMA shadow was built with the values {where} holds; resume with those"
+        " (a changed EMA schedule does not continue the saved run)"
+    )

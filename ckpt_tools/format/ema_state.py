@@ -49,3 +49,14 @@ def read_ema_state(path: Path) -> EmaStateFile:
         if len(names) != len(shadow) or len(set(names)) != len(names):
             raise CorruptCheckpoint(f"{path}: {len(shadow)} shadow tensors for {len(names)} names")
     return EmaStateFile(path, step, tuple(shadow), tuple(names) if names is not None else None)
+
+
+SETTINGS_KEYS = ("decay", "min_decay", "update_after_step", "inv_gamma", "power")  # diffusers' names
+
+
+def read_ema_state_settings(path: Path) -> dict[str, object]:
+    """The schedule's numbers saved beside the shadow (diffusers' keys; ``decay`` is the clamp's top)."""
+    state = read_torch_file(path)
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{path}: not an EMA state")
+    return {k: state[k] for k in SETTINGS_KEYS if k in state}

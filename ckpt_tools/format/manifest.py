@@ -410,11 +410,11 @@ def choose(inputs: tuple[Part, ...], step: StepPaths) -> Part | None:
 
 
 def dcp_inputs(step: StepPaths) -> tuple[Part, ...]:
-    """The DCP directories a loader reads from ``step``: the weights' and the optimizer's, where chosen.
+    """The DCP directories a loader reads from ``step``: the weights', the optimizer's and the EMA shadow's, where chosen.
 
     DCP shards are every state's first choice, whether the run is PEFT or not.
     """
-    chosen = (choose(weights_inputs(peft=False), step), choose(optimizer_inputs(), step))
+    chosen = (choose(weights_inputs(peft=False), step), choose(optimizer_inputs(), step), choose(ema_inputs(), step))
     return tuple(p for p in chosen if p is not None and p.is_dcp)
 
 

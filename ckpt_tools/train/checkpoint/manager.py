@@ -217,7 +217,10 @@ class CheckpointManager:
 
     def _refuse_nonfinite(self, step: int, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
         """Collective: :class:`NonFiniteError` on every rank when any rank's shards hold NaN or ±inf."""
-        bad, total = finite.nonfinite_names(self.state.env, {"model": model, "optimizer": optimizer})
+        parts = {"model": model, "optimizer": optimizer}
+        if self.state.ema is not None:
+            parts["ema"] = self.state.ema.shadow  # the EMA weights are published too: never NaN either
+        bad, total = finite.nonfinite_names(self.state.env, parts)
         if bad:
             last = layout.resolve_last(self.root)  # any earlier background save was committed by now
             raise NonFiniteError(finite.refusal(step, bad, total, str(last) if last else "none"))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.train.ema import EmaShadow
-from devtools.training import TINY, ok, step_dir, train
+from devtools.training import LAYOUTS, TINY, ok, step_dir, train
 from tests.support.cli import invoke_cli
 
 EMA = ["--ema.enable=true", "--ema.power=0.5", "--steps=4", "--save_freq=2"]
@@ -53,16 +53,27 @@ def test_update_is_lerobots_formula_on_a_toy_tensor() -> None:
     assert EmaSchedule(decay=0.99).decay_at(50) == 0.99  # a constant decay pins the clamp
 
 
+# layout -> (processes, flags): each trained 4 steps with EMA, then resumed from step 2.
+EMA_LAYOUTS: dict[str, tuple[int, list[str]]] = {
+    "single": (1, []),
+    "fsdp": (2, FSDP),
+    "ddp": LAYOUTS["ddp"],
+    "hsdp": LAYOUTS["hsdp"],
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ema")
-    out = {"single": root / "single", "fsdp": root / "fsdp"}
-    ok(train(*TINY, *EMA, f"--output_dir={out['single']}"))
-    ok(train(*TINY, *EMA, *FSDP, f"--output_dir={out['fsdp']}", nproc=2))
-    for name, nproc in (("single", 1), ("fsdp", 2)):
+    out = {}
+    for name, (nproc, flags) in EMA_LAYOUTS.items():
+        out[name] = root / name
+        ok(train(*TINY, *EMA, *flags, f"--output_dir={out[name]}", nproc=nproc))
         resumed = root / f"{name}-resumed"
         ok(train("--resume=true", f"--config_path={step_dir(out[name], 2)}", f"--output_dir={resumed}", nproc=nproc))
         out[f"{name}-resumed"] = resumed
+    out["single-async"] = root / "single-async"
+    ok(train(*TINY, *EMA, "--checkpoint_async=true", f"--output_dir={out['single-async']}"))
     return out
 
 
@@ -78,7 +89,7 @@ def ema_weights(run: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return load_file(out / "model.safetensors")
 
 
-@pytest.mark.parametrize("layout", ["single", "fsdp"])
+@pytest.mark.parametrize("layout", list(EMA_LAYOUTS))
 def test_resume_continues_the_ema_bit_exactly(runs: dict[str, Path], layout: str, tmp_path: Path) -> None:
     uninterrupted = ema_weights(runs[layout], tmp_path)
     resumed = ema_weights(runs[f"{layout}-resumed"], tmp_path)
@@ -125,5 +136,42 @@ def test_ema_off_on_an_ema_checkpoint_is_refused_with_the_tools_line(
     trainer = train(
         "--resume=true", f"--config_path={step}", "--ema.enable=false", *flags, f"--output_dir={tmp_path}/o"
     )
+    assert trainer.returncode != 0
+    assert f"error: {line}" in trainer.stderr.splitlines()
+
+
+def test_async_save_writes_the_synchronous_ema(runs: dict[str, Path]) -> None:
+    for step in (2, 4):
+        sync, background = step_dir(runs["single"], step), step_dir(runs["single-async"], step)
+        for rel in ("pretrained_model_ema/model.safetensors", "training_state/ema_state.pt"):
+            if rel.endswith(".safetensors"):
+                a, b = load_file(sync / rel), load_file(background / rel)
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rel
+            else:
+                a, b = torch.load(sync / rel, weights_only=True), torch.load(background / rel, weights_only=True)
+                assert all(torch.equal(x, y) for x, y in zip(a["shadow_params"], b["shadow_params"], strict=True))
+
+
+@pytest.mark.parametrize("layout", ["single", "hsdp"])
+def test_inspect_finds_our_ema_consistent(runs: dict[str, Path], layout: str) -> None:
+    report = json.loads(invoke_cli("inspect", str(step_dir(runs[layout], 4)), "--json").stdout)
+    assert report["healthy"] and report["ema"]["consistent"] and report["ema"]["updates"] == 4
+    forms = {f["form"] for f in report["ema"]["forms"]}
+    assert forms == ({"dcp"} if layout == "hsdp" else {"safetensors", "ema_state.pt"})
+
+
+def test_a_changed_ema_schedule_is_refused_by_trainer_and_verify_resume(runs: dict[str, Path], tmp_path: Path) -> None:
+    step = step_dir(runs["single"], 2)
+    config = json.loads((step / "pretrained_model" / "train_config.json").read_text())
+    config["ema"]["power"] = 0.6
+    changed = tmp_path / "train_config.json"
+    changed.write_text(json.dumps(config))
+    report = invoke_cli("verify-resume", str(step), "--config", str(changed), "--nproc", "1", "--json")
+    line = next(c["message"] for c in json.loads(report.stdout)["checks"] if c["name"] == "hyperparameters")
+    assert line.endswith(
+        "--ema.power 0.5 → 0.6: the EMA shadow was built with the values ema_state.pt holds; resume with those"
+        " (a changed EMA schedule does not continue the saved run)"
+    )
+    trainer = train("--resume=true", f"--config_path={step}", "--ema.power=0.6", f"--output_dir={tmp_path}/o")
     assert trainer.returncode != 0
     assert f"error: {line}" in trainer.stderr.splitlines()

@@ -105,7 +105,9 @@ def test_push_ema_publishes_the_ema_policy(hub: HubEndpoint) -> None:
     assert files["config.json"] == (ema_dir / "config.json").read_bytes()
     refused = run_cli("push", str(main_run("single")), "--ema", "--repo-id", REPO, env=hub.env, no_torch=True)
     assert refused.returncode == 3
-    assert refused.stderr.strip().endswith("holds no EMA weights (no pretrained_model_ema/: saved without --ema.enable)")
+    assert refused.stderr.strip().endswith(
+        "holds no EMA weights (no pretrained_model_ema/: saved without --ema.enable)"
+    )
 
 
 def test_ckpt_train_refuses_lerobots_ema_checkpoint_as_lerobots() -> None:

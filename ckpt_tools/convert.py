@@ -44,6 +44,7 @@ from ckpt_tools.dcp.safe_pickle import plain_data
 from ckpt_tools.errors import CheckpointError, CkptError, UsageError, WriteError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest, peft_keys
+from ckpt_tools.format.ema import no_ema_weights
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.dir_lock import DirLock, DirLocked
 from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
@@ -184,6 +185,7 @@ def convert_dcp(
     overwrite: bool = False,
     verify: bool = False,
     progress: bool = True,
+    ema: bool = False,
 ) -> ConvertResult:
     """Merge a DCP checkpoint into safetensors.
 
@@ -202,15 +204,22 @@ def convert_dcp(
     existing output files (refused otherwise, unless they already hold exactly the planned
     bytes). ``delete_dcp``: then delete the DCP dir - refused before any work unless what
     remains resumes bit-exactly, or ``allow_unresumable`` (which waives only that rule).
+    ``ema``: convert the EMA weights (``pretrained_model_ema/pytorch_model_fsdp_0/``, a
+    ``--ema.enable=true`` run's sharded shadow) instead of the live ones; written by default
+    into ``pretrained_model_ema/``, where LeRobot keeps its EMA ``model.safetensors``.
     Raises :class:`~ckpt_tools.errors.CkptError` only.
     """
     start = time.perf_counter()
+    if ema and what not in (None, "model"):
+        raise UsageError(f"--ema converts the EMA weights, a model: not with --what {what}")
+    if ema and delete_dcp:
+        raise UsageError("--ema with --delete-dcp: deleting the EMA shards is not supported; convert, then keep them")
     out_dtype = _output_dtype(dtype)
     shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
     if what is not None and what not in WHAT_CHOICES:
         raise UsageError(f"--what must be one of {', '.join(WHAT_CHOICES)}, got {what!r}")
     named = Path(checkpoint_dir)
-    source = _resolve_source(named, what)
+    source = _resolve_source(named, what) if not ema else _resolve_ema_source(named)
     if source.interrupted:
         return _finish_interrupted(source, dry_run=dry_run, start=start)
     if source.pieces is not None:
@@ -473,6 +482,32 @@ def _resolve_source(path: Path, what: str | None) -> _Source:
             )
         raise CheckpointError(f"{dcp_dir}: missing - this checkpoint has no DCP shards for the {what}")
     return _Source(dcp_dir, what, pm, notes, step)
+
+
+def _resolve_ema_source(path: Path) -> _Source:
+    """The EMA shadow's DCP directory of the step ``path`` is in (``pretrained_model_ema/pytorch_model_fsdp_0/``)."""
+    located = L.locate(path)
+    if located.kind is L.PathKind.DCP_DIR:
+        if located.path.parent.name != L.PRETRAINED_MODEL_EMA_DIR:
+            raise CheckpointError(f"{path}: not the EMA shards (those are in {L.PRETRAINED_MODEL_EMA_DIR}/)")
+        return _Source(located.path, "model", located.path.parent, (), located.step)
+    if located.kind is L.PathKind.PRETRAINED_MODEL and located.path.name == L.PRETRAINED_MODEL_EMA_DIR:
+        step = located.step
+    else:
+        step = L.resolve_step(path)
+    if step is None:
+        raise CheckpointError(
+            f"{path}: not inside a checkpoint step directory (no {L.PRETRAINED_MODEL_EMA_DIR}/ to find)"
+        )
+    ema_dir = step.pretrained_model_ema
+    if not step.ema_model_dcp.is_dir():
+        if step.ema_model_weights.exists():
+            raise CheckpointError(
+                f"{ema_dir}: no {L.MODEL_DCP_DIR}/ to convert - the EMA weights are already in safetensors form"
+            )
+        raise CheckpointError(no_ema_weights(step))
+    notes = (f"converting the EMA weights of {step.root.name}",)
+    return _Source(step.ema_model_dcp, "model", ema_dir, notes, step)
 
 
 def _pieces_source(located: L.Located, what: str | None) -> _Source:

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ckpt_tools import ema_inspect
 from ckpt_tools.check import Check, Subject
 from ckpt_tools.dcp import hf_storage, validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
@@ -130,6 +131,7 @@ class InspectReport:
     data_gb_per_s: float | None = None  # the speed it read and digested them at
     nonfinite: list[NonFinite] = field(default_factory=list)  # tensors holding NaN or inf (values_checked)
     retention: RetentionView | None = None  # what --keep-last / the run's keep_last_n would remove (a root)
+    ema: dict[str, Any] | None = None  # the step's EMA weights (ckpt_tools.ema_inspect); None: it has none
 
     @property
     def healthy(self) -> bool:
@@ -381,6 +383,7 @@ def _adopt(report: InspectReport, sub: InspectReport) -> None:
         "legacy",
         "data_verified",
         "data_gb_per_s",
+        "ema",
     ):
         setattr(report, attr, getattr(sub, attr))
     report.weights, report.tensors, report.notes = sub.weights, sub.tensors, sub.notes
@@ -417,6 +420,9 @@ def _inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only
             _header_check(f, _rel(paths.root, f), report)
     for f in sorted(pm.glob(f"{L.PREPROCESSOR}*.safetensors")) + sorted(pm.glob(f"{L.POSTPROCESSOR}*.safetensors")):
         _header_check(f, _rel(paths.root, f), report)
+    if only is None and ema_inspect.has_ema(paths):
+        report.ema, check = ema_inspect.inspect_ema(paths, record)
+        report.checks.append(check)
 
 
 def _save_files(paths: L.StepPaths, report: InspectReport, part: str | None) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
-from ckpt_tools.cli.options import JsonOpt, NoCacheOpt, fresh_reads
+from ckpt_tools.cli.options import EmaOpt, JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
 from ckpt_tools.io.reader_lease import reading_path
@@ -110,6 +110,7 @@ def convert_dcp_command(
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     no_cache: NoCacheOpt = False,
+    ema: EmaOpt = False,
 ) -> None:
     if checkpoint is not None and checkpoint_dir is not None and checkpoint != checkpoint_dir:
         raise UsageError("give the checkpoint either as CHECKPOINT_DIR or with --checkpoint-dir, not both")
@@ -132,6 +133,7 @@ def convert_dcp_command(
             private=private,
             json_out=json_out,
             quiet=quiet,
+            ema=ema,
         )
 
 
@@ -151,6 +153,7 @@ def run_convert(
     private: bool = False,
     json_out: bool = False,
     quiet: bool = False,
+    ema: bool = False,
 ) -> None:
     """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``.
 
@@ -168,6 +171,10 @@ def run_convert(
         "progress": not quiet and not json_out,
         "allow_unresumable": allow_unresumable,
     }
+    if ema:
+        if push_to_hub:
+            raise UsageError("--ema with --push-to-hub: convert first, then `ckpt-tools push --ema`")
+        options["ema"] = True
     pushed = None
     with _sigterm_as_interrupt():
         if push_to_hub and not dry_run:

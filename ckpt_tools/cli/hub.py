@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 
 from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
-from ckpt_tools.cli.options import JsonOpt
+from ckpt_tools.cli.options import EmaOpt, JsonOpt
 from ckpt_tools.hub import push_to_hub
+from ckpt_tools.hub.files import ema_publish_folder
 from ckpt_tools.hub.push import HubPushError
 from ckpt_tools.io.reader_lease import reading_path
 from ckpt_tools.units import human_bytes
@@ -51,7 +52,10 @@ def push(
     commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
     no_card: Annotated[bool, typer.Option("--no-card", help="Do not generate a README.md model card.")] = False,
     json_out: JsonOpt = False,
+    ema: EmaOpt = False,
 ) -> None:
+    if ema:
+        path = ema_publish_folder(path)  # the step's pretrained_model_ema/, published as the model
     try:
         with reading_path(path, "push"):
             result = push_to_hub(

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "private": "with --push_to_hub: create the repo private",
         "json": "print the result as JSON",
         "quiet": "no progress bar",
+        "ema": "convert the EMA weights (pretrained_model_ema/) instead of the live ones",
     }
     for flag, text in booleans.items():
         names = dict.fromkeys([f"--{flag}", f"--{flag.replace('_', '-')}"])
@@ -81,6 +82,7 @@ def convert_dcp_main(argv: list[str] | None = None) -> None:
             private=args.private,
             json_out=args.json,
             quiet=args.quiet,
+            ema=args.ema,
         )
     except CkptError as e:
         echo(f"error: {e}", err=True)

@@ -64,6 +64,11 @@ OverwriteCheckpointsOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (one document on stdout).")]
+# The EMA weights (pretrained_model_ema/) instead of the live ones: a --ema.enable=true run's shadow.
+EmaOpt = Annotated[
+    bool,
+    typer.Option("--ema", help="Use the EMA weights (pretrained_model_ema/) instead of the live ones."),
+]
 NoCacheOpt = Annotated[
     bool,
     typer.Option(

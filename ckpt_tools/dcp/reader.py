@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tools.dcp.safe_pickle import restricted_loads
-from ckpt_tools.dcp.zipblob import SpanReader, read_directory
+from ckpt_tools.dcp.zipblob import SpanReader, ZipDirectory, read_directory
 from ckpt_tools.errors import CorruptCheckpoint
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
@@ -36,7 +36,7 @@ class _StorageRef:
 
 
 @dataclass(frozen=True)
-class _TensorRecord:
+class TensorRecord:
     storage: _StorageRef
     storage_offset: int
     size: tuple[int, ...]
@@ -53,7 +53,7 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
     return out
 
 
-def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *_rest: Any) -> _TensorRecord:
+def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *_rest: Any) -> TensorRecord:
     if not isinstance(storage, _StorageRef) or storage.dtype is None:
         raise ValueError("_rebuild_tensor_v2 without a typed storage")
     return _record(storage, storage_offset, size, stride, storage.dtype)
@@ -61,19 +61,19 @@ def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *_res
 
 def _rebuild_v3(
     storage: Any, storage_offset: Any, size: Any, stride: Any, _grad: Any, _hooks: Any, dtype: Any, *_rest: Any
-) -> _TensorRecord:
+) -> TensorRecord:
     if not isinstance(storage, _StorageRef) or not isinstance(dtype, _DTypeName):
         raise ValueError("_rebuild_tensor_v3 without a storage and a dtype")
     return _record(storage, storage_offset, size, stride, dtype.name)
 
 
-def _record(storage: _StorageRef, storage_offset: Any, size: Any, stride: Any, dtype: str) -> _TensorRecord:
+def _record(storage: _StorageRef, storage_offset: Any, size: Any, stride: Any, dtype: str) -> TensorRecord:
     if not isinstance(storage_offset, int) or isinstance(storage_offset, bool) or storage_offset < 0:
         raise ValueError("bad storage offset")
     size_t, stride_t = _ints(size, "size"), _ints(stride, "stride")
     if len(size_t) != len(stride_t):
         raise ValueError("size and stride differ in length")
-    return _TensorRecord(storage, storage_offset, size_t, stride_t, dtype)
+    return TensorRecord(storage, storage_offset, size_t, stride_t, dtype)
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,10 @@ def _data_allowlist() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-_DATA_ALLOWLIST = _data_allowlist()
+TENSOR_ALLOWLIST = _data_allowlist()
 
 
-def _persistent_load(pid: Any) -> _StorageRef:
+def storage_reference(pid: Any) -> _StorageRef:
     # torch.save: ("storage", storage_type, key, location, numel)
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
         raise ValueError("unknown persistent id")
@@ -152,7 +152,7 @@ def _tensor_record(pickled: bytes, what: str) -> Any:
     """
     record = _RECORD_CACHE.get(pickled)
     if record is None:
-        record = restricted_loads(pickled, _DATA_ALLOWLIST, what=what, persistent_load=_persistent_load)
+        record = restricted_loads(pickled, TENSOR_ALLOWLIST, what=what, persistent_load=storage_reference)
         if len(_RECORD_CACHE) < _RECORD_CACHE_MAX:
             _RECORD_CACHE[pickled] = record
     return record
@@ -173,12 +173,32 @@ def read_chunk_archive(fd: int, start: int, length: int, *, what: str) -> tuple[
     if pkl.size > _MAX_PICKLE_BYTES:
         raise CorruptCheckpoint(f"{what}: data.pkl of {pkl.size} bytes is not a single tensor")
     record = _tensor_record(span.read(pkl.offset, pkl.size), what)
-    if not isinstance(record, _TensorRecord):
+    if not isinstance(record, TensorRecord):
         raise CorruptCheckpoint(f"{what}: chunk does not hold a tensor")
+    layout = tensor_layout(record, members, start, what=what)
+    data = members.member(f"data/{record.storage.key}")
+    assert data is not None  # tensor_layout found it
+    ignored = list(members.crc_fields())
+    serial = members.member(".data/serialization_id")
+    shape = ArchiveShape(
+        data_start=data.offset,
+        data_end=data.offset + data.size,
+        ignored=tuple(sorted(ignored)),
+        serialization_id=(serial.offset, serial.offset + serial.size) if serial is not None else None,
+    )
+    return layout, shape
+
+
+def tensor_layout(record: TensorRecord, members: ZipDirectory, start: int, *, what: str) -> ChunkLayout:
+    """Where the tensor ``record`` (from ``data.pkl``) lies in the archive ``members`` (at file offset ``start``).
+
+    Checks that its storage is in the archive and holds every element it views, and refuses an
+    expanded view that would stand for far more bytes than are stored.
+    """
     byteorder = "little"
     order_member = members.member("byteorder")
     if order_member is not None:
-        byteorder = span.read(order_member.offset, min(order_member.size, 16)).decode("ascii", "replace")
+        byteorder = members.span.read(order_member.offset, min(order_member.size, 16)).decode("ascii", "replace")
         if byteorder not in ("little", "big"):
             raise CorruptCheckpoint(f"{what}: unknown byte order {byteorder!r}")
     data = members.member(f"data/{record.storage.key}")
@@ -204,22 +224,13 @@ def read_chunk_archive(fd: int, start: int, length: int, *, what: str) -> tuple[
             f"{what}: a {list(record.size)} {dtype.name} tensor viewed from {extent} stored elements"
             f" (strides {list(record.stride)}): expanded views larger than {MAX_EXPANDED_BYTES} bytes are refused"
         )
-    layout = ChunkLayout(
+    return ChunkLayout(
         dtype=dtype,
         size=record.size,
         stride=record.stride,
         data_offset=start + data.offset + record.storage_offset * dtype.itemsize,
         byteorder=byteorder,
     )
-    ignored = list(members.crc_fields())
-    serial = members.member(".data/serialization_id")
-    shape = ArchiveShape(
-        data_start=data.offset,
-        data_end=data.offset + data.size,
-        ignored=tuple(sorted(ignored)),
-        serialization_id=(serial.offset, serial.offset + serial.size) if serial is not None else None,
-    )
-    return layout, shape
 
 
 @dataclass(frozen=True)

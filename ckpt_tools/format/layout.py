@@ -10,7 +10,8 @@ turns it into the one step directory a resume, a conversion or a push reads.
     ├── 005000/
     │   ├── pretrained_model/   config.json, train_config.json, model.safetensors,
     │   │                       pytorch_model_fsdp_0/, policy_{pre,post}processor*.…
-    │   └── training_state/     optimizer_*, rng_state, scheduler, scaler, training_step.json
+    │   ├── pretrained_model_ema/  the same for the EMA weights (--ema.enable=true)
+    │   └── training_state/     optimizer_*, rng_state, scheduler, scaler, ema_state.pt, training_step.json
     └── last -> 005000      (a symlink; or a pointer file holding "005000")
 """
 
@@ -29,6 +30,9 @@ CHECKPOINTS_DIR = "checkpoints"
 LAST_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
 TRAINING_STATE_DIR = "training_state"
+# The EMA shadow of the weights as a loadable policy, beside pretrained_model/ (LeRobot main's
+# f"{PRETRAINED_MODEL_DIR}_ema", written when --ema.enable=true): the same files, EMA weights.
+PRETRAINED_MODEL_EMA_DIR = f"{PRETRAINED_MODEL_DIR}_ema"
 
 # pretrained_model/
 POLICY_CONFIG = "config.json"
@@ -58,6 +62,7 @@ RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
 TRAINING_STEP = "training_step.json"
+EMA_STATE = "ema_state.pt"  # LeRobot main's EMA_STATE_FILENAME: diffusers' EMAModel.state_dict(), torch.save
 SAVE_FILES = "save_files.json"  # the files one save wrote (ckpt_tools.format.rules.save_files)
 
 # Inside a DCP directory
@@ -164,6 +169,23 @@ class StepPaths:
     @property
     def training_state(self) -> Path:
         return self.root / TRAINING_STATE_DIR
+
+    @property
+    def pretrained_model_ema(self) -> Path:
+        return self.root / PRETRAINED_MODEL_EMA_DIR
+
+    @property
+    def ema_model_weights(self) -> Path:
+        return self.pretrained_model_ema / MODEL_WEIGHTS
+
+    @property
+    def ema_model_dcp(self) -> Path:
+        """The EMA shadow's DCP shards (sharded like the parameters), laid out as the model's."""
+        return self.pretrained_model_ema / MODEL_DCP_DIR
+
+    @property
+    def ema_state(self) -> Path:
+        return self.training_state / EMA_STATE
 
     @property
     def policy_config(self) -> Path:

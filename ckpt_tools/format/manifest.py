@@ -15,6 +15,11 @@ run that saved it, as ``training_step.json`` records it (a :class:`Variant`)::
     │   ├── train_config.json             training config       always (a resume starts from it)
     │   ├── adapter_config.json           PEFT adapter config   PEFT
     │   └── policy_{pre,post}processor*   processors            written always, required never
+    ├── pretrained_model_ema/             EMA weights as a policy  --ema.enable=true (LeRobot's directory)
+    │   ├── pytorch_model_fsdp_0/         EMA shadow shards     as the model's DCP shards
+    │   ├── model.safetensors             gathered EMA weights  as the model's gathered weights
+    │   ├── config.json                   policy config         EMA
+    │   └── policy_{pre,post}processor*   processors            written with EMA, required never
     └── training_state/
         ├── optimizer_0/                  DCP optimizer shards  sharded run
         ├── optimizer_state.safetensors   flat optimizer state  not sharded
@@ -22,6 +27,7 @@ run that saved it, as ``training_step.json`` records it (a :class:`Variant`)::
         ├── rng_state.safetensors         every rank's RNG      always
         ├── scheduler_state.json          LR scheduler          always
         ├── scaler_state.json             fp16 loss scaler      fp16
+        ├── ema_state.pt                  LeRobot's EMA state   EMA, not sharded
         ├── training_step.json            the record            always, the last part written
         └── save_files.json               the save's files      always (ckpt-train), written by the commit
 
@@ -45,6 +51,7 @@ from pathlib import Path
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import lerobot
+from ckpt_tools.format.ema import checkpoint_has_ema
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import looks_like_adapter
 from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
@@ -69,9 +76,10 @@ class Variant:
     fp16: bool = False  # mixed precision fp16: the run has a loss scaler
     legacy: bool = False  # the 0.6.x layout: gathered weights, nothing resumable
     has_scheduler: bool = True  # LeRobot saves scheduler_state.json only for a run with a scheduler
+    ema: bool = False  # the run kept an EMA shadow of the weights (--ema.enable=true)
 
     @classmethod
-    def of(cls, record: TrainingStep, peft: bool, *, has_scheduler: bool = True) -> Variant:
+    def of(cls, record: TrainingStep, peft: bool, *, has_scheduler: bool = True, ema: bool | None = None) -> Variant:
         """The variant ``record`` describes (``peft`` from :func:`is_peft`). Unknown formats read as safetensors."""
         sharded = (
             record.sharded if record.sharded is not None else bool(record.topology and record.topology.layout.sharded)
@@ -81,12 +89,18 @@ class Variant:
         except ValueError:
             fmt = CheckpointFormat.SAFETENSORS
         fp16 = (record.mixed_precision or "").lower() == "fp16"
-        return cls(fmt, sharded, peft, fp16, record.is_legacy, has_scheduler)
+        ema = record.ema_steps is not None if ema is None else ema
+        return cls(fmt, sharded, peft, fp16, record.is_legacy, has_scheduler, ema)
 
     @classmethod
     def at(cls, paths: StepPaths, record: TrainingStep, peft: bool) -> Variant:
         """The variant of the checkpoint at ``paths``: for a LeRobot record, its config says whether a scheduler ran."""
-        return cls.of(record, peft, has_scheduler=not record.schema.lerobot or lerobot_scheduler(paths) is not False)
+        return cls.of(
+            record,
+            peft,
+            has_scheduler=not record.schema.lerobot or lerobot_scheduler(paths) is not False,
+            ema=checkpoint_has_ema(paths, record),
+        )
 
     @property
     def always(self) -> bool:
@@ -137,6 +151,19 @@ class Variant:
     @property
     def scaler(self) -> bool:
         return not self.legacy and self.fp16
+
+    @property
+    def ema_dcp(self) -> bool:
+        return self.ema and self.dcp_model
+
+    @property
+    def ema_gathered(self) -> bool:
+        return self.ema and self.gathered_model
+
+    @property
+    def ema_state(self) -> bool:
+        """LeRobot's ``ema_state.pt``: written where LeRobot writes it, a run that is not sharded."""
+        return self.ema and self.flat_optimizer
 
 
 @dataclass(frozen=True)
@@ -308,6 +335,21 @@ SCHEDULER_STATE = Part(
     "scheduler_state", (f"{TS}/{L.SCHEDULER_STATE}",), "LR scheduler state", "scheduler", read="scheduler"
 )
 SCALER_STATE = Part("scaler_state", (f"{TS}/{L.SCALER_STATE}",), "loss scaler state (fp16)", "scaler", read="fp16")
+EMA_DIR = L.PRETRAINED_MODEL_EMA_DIR
+EMA_DCP = Part("ema_dcp", (f"{EMA_DIR}/{L.MODEL_DCP_DIR}",), "EMA shadow shards", "ema_dcp", Kind.DCP, read=CHOSEN)
+EMA_WEIGHTS = Part(
+    "ema_weights", (f"{EMA_DIR}/{L.MODEL_WEIGHTS}",), "gathered EMA weights", "ema_gathered", read=CHOSEN
+)
+EMA_POLICY_CONFIG = Part("ema_policy_config", (f"{EMA_DIR}/{L.POLICY_CONFIG}",), "EMA policy config", "ema")
+EMA_PROCESSORS = Part(
+    "ema_processors",
+    (f"{EMA_DIR}/{L.PREPROCESSOR}", f"{EMA_DIR}/{L.POSTPROCESSOR}"),
+    "EMA policy processors",
+    "never",
+    Kind.PREFIX,
+    written="ema",
+)
+EMA_STATE = Part("ema_state", (f"{TS}/{L.EMA_STATE}",), "EMA state (LeRobot's ema_state.pt)", "ema_state", read=CHOSEN)
 TRAINING_STEP = Part("training_step", (f"{TS}/{L.TRAINING_STEP}",), "topology record", "always", read="always")
 
 PARTS: tuple[Part, ...] = (
@@ -323,6 +365,11 @@ PARTS: tuple[Part, ...] = (
     PROCESSORS,
     SCHEDULER_STATE,
     SCALER_STATE,
+    EMA_DCP,
+    EMA_WEIGHTS,
+    EMA_POLICY_CONFIG,
+    EMA_PROCESSORS,
+    EMA_STATE,
     TRAINING_STEP,
 )
 
@@ -347,6 +394,11 @@ def weights_inputs(peft: bool) -> tuple[Part, Part]:
     return (MODEL_DCP, ADAPTER_WEIGHTS if peft else MODEL_WEIGHTS)
 
 
+def ema_inputs() -> tuple[Part, Part, Part]:
+    """Where the EMA shadow comes from, in the loader's order: DCP shards, the gathered file, LeRobot's ema_state.pt."""
+    return (EMA_DCP, EMA_WEIGHTS, EMA_STATE)
+
+
 def optimizer_inputs() -> tuple[Part, Part]:
     """Where the optimizer state comes from, in the loader's order: DCP shards, else the flat files."""
     return (OPTIMIZER_DCP, FLAT_OPTIMIZER)
@@ -358,11 +410,11 @@ def choose(inputs: tuple[Part, ...], step: StepPaths) -> Part | None:
 
 
 def dcp_inputs(step: StepPaths) -> tuple[Part, ...]:
-    """The DCP directories a loader reads from ``step``: the weights' and the optimizer's, where chosen.
+    """The DCP directories a loader reads from ``step``: the weights', the optimizer's and the EMA shadow's, where chosen.
 
     DCP shards are every state's first choice, whether the run is PEFT or not.
     """
-    chosen = (choose(weights_inputs(peft=False), step), choose(optimizer_inputs(), step))
+    chosen = (choose(weights_inputs(peft=False), step), choose(optimizer_inputs(), step), choose(ema_inputs(), step))
     return tuple(p for p in chosen if p is not None and p.is_dcp)
 
 

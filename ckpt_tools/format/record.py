@@ -184,6 +184,8 @@ class TrainingStep:
     sampler: SamplerPosition | None = None
     sharded: bool | None = None
     peft: bool | None = None
+    # EMA updates the saved shadow holds (diffusers' ``optimization_step``); None: the run kept no EMA.
+    ema_steps: int | None = None
     versions: dict[str, str] = field(default_factory=dict)
     # A run started from another run's checkpoint parts (--checkpoint.load_from): that checkpoint's
     # path, step, save id and the parts loaded (ckpt_tools.format.rules.load_parts); None otherwise.
@@ -270,6 +272,7 @@ class TrainingStep:
             sampler=_sampler(data.get("sampler")),
             sharded=_bool(data, "sharded"),
             peft=_bool(data, "peft"),
+            ema_steps=_int(data, "ema_steps"),
             versions={str(k): str(v) for k, v in (data.get("versions") or {}).items()}
             if isinstance(data.get("versions"), dict)
             else {},

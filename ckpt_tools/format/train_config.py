@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.format import layout
+from ckpt_tools.format.ema import ema_enabled, schedule_from_config
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -91,7 +92,9 @@ def numbers(data: Any) -> list[tuple[str, object]]:
 
 
 # The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
-CONFIG_GROUPS = frozenset({"dataset", "checkpoint", "optimizer", "scheduler", "parallelism", "accelerator", "trackio"})
+CONFIG_GROUPS = frozenset(
+    {"dataset", "checkpoint", "optimizer", "scheduler", "parallelism", "accelerator", "trackio", "ema"}
+)
 OPTIONAL_GROUPS = frozenset({"policy", "peft"})
 CONFIG_SCALARS = frozenset(
     {
@@ -323,6 +326,8 @@ class SavedConfig:
             load_from=self.resolve("checkpoint.load_from"),
             load=_str(raw, "checkpoint.load"),
             resume=raw.get("resume") is True,
+            ema_enable=ema_enabled(raw),
+            ema_schedule=schedule_from_config(raw["ema"]) if isinstance(raw.get("ema"), dict) else None,
         )
 
     @property

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError, UsageError
 from ckpt_tools.format import layout, manifest
+from ckpt_tools.format.ema import no_ema_weights
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.st.header import MAX_HEADER_BYTES, read_header
 from ckpt_tools.st.index import read_index
@@ -103,6 +104,22 @@ def resolve_publish_folder(path: str | os.PathLike[str]) -> Path:
     if not p.is_dir():
         raise UsageError(f"{p}: PATH must be a directory (a pretrained_model/ dir, a step dir or a convert output dir)")
     return layout.pretrained_model_dir(p)
+
+
+def ema_publish_folder(path: str | os.PathLike[str]) -> Path:
+    """``push --ema``: the ``pretrained_model_ema/`` of the step ``path`` names - the EMA weights as a policy."""
+    p = Path(path)
+    if p.name == layout.PRETRAINED_MODEL_EMA_DIR:
+        return p
+    try:
+        step = layout.resolve_step(p)
+    except CheckpointError:
+        raise UsageError(
+            f"{p}: --ema publishes a step's {layout.PRETRAINED_MODEL_EMA_DIR}/: give a step dir or a checkpoints root"
+        ) from None
+    if not step.pretrained_model_ema.is_dir():
+        raise CheckpointError(no_ema_weights(step))
+    return step.pretrained_model_ema
 
 
 def plan_publish(folder: str | os.PathLike[str]) -> PublishPlan:

@@ -108,6 +108,24 @@ class PeftConfig:
 
 
 @dataclass
+class EMAConfig:
+    """LeRobot main's ``--ema.*`` flags (``EMAConfig``): an exponential moving average of the weights.
+
+    ``use_for_eval`` is kept for LeRobot's spelling (this trainer runs no evaluation). The
+    schedule and its checks are :mod:`ckpt_tools.format.ema`'s.
+    """
+
+    enable: bool = False
+    decay: float | None = None  # constant decay at every step; None: the warmup schedule below
+    update_after_step: int = 0  # optimizer updates during which the shadow stays a copy of the weights
+    inv_gamma: float = 1.0
+    power: float = 0.75
+    min_decay: float = 0.0
+    max_decay: float = 0.9999
+    use_for_eval: bool = True
+
+
+@dataclass
 class TrackioConfig:
     enable: bool = False
     project: str | None = None
@@ -170,6 +188,7 @@ class TrainConfig:
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig | None = None
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
     @property
     def grad_accum_steps(self) -> int:

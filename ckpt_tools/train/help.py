@@ -151,6 +151,14 @@ FLAG_HELP: dict[str, str] = {
     # tracking
     "trackio.enable": "Log the rank-reduced metrics and the config with trackio (the `tracking` extra).",
     "trackio.project": "trackio project (none: --job_name, else ckpt-tools).",
+    "ema.enable": "Keep an EMA shadow of the weights, saved in pretrained_model_ema/ (LeRobot's update rule).",
+    "ema.decay": "Constant EMA decay at every update (none: the warmup schedule below).",
+    "ema.update_after_step": "Optimizer updates during which the shadow stays a copy of the weights.",
+    "ema.inv_gamma": "Warmup schedule: decay = 1 - (1 + t / inv_gamma) ** -power.",
+    "ema.power": "Warmup schedule power.",
+    "ema.min_decay": "Lower clamp of the scheduled decay.",
+    "ema.max_decay": "Upper clamp of the scheduled decay.",
+    "ema.use_for_eval": "LeRobot's flag (evaluate the EMA weights); kept for its spelling, this trainer runs no eval.",
 }
 
 # Defaults that are not a plain value of the dataclass.
@@ -190,6 +198,7 @@ GROUP_TITLES = {
     "accelerator": "Accelerator",
     "peft": "PEFT (LoRA); off unless a --peft.* flag is given",
     "trackio": "Tracking",
+    "ema": "EMA of the weights (LeRobot's --ema.* flags)",
 }
 
 

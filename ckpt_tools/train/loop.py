@@ -24,6 +24,7 @@ from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.data.dataset import RobotDataset, load_dataset, resolve_root
 from ckpt_tools.train.data.processors import Pipeline, make_processors
 from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.ema import EmaShadow, schedule_of
 from ckpt_tools.train.nonfinite import NonFiniteGuard
 from ckpt_tools.train.parallel import peft_support
 from ckpt_tools.train.parallel.distributed import DistEnv
@@ -228,6 +229,7 @@ def build_state(
         preprocessor=pre,
         postprocessor=post,
         peft_model=peft_model,
+        ema=EmaShadow(parallel.inner, schedule_of(cfg.ema)) if cfg.ema.enable else None,
     )
     # Each worker draws its own dropout masks; the same seeds give the same masks on every layout.
     torch.manual_seed(cfg.seed + 1 + env.rank)
@@ -349,6 +351,8 @@ def optimizer_step(
         state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.optimizer_steps += 1
+    if state.ema is not None:
+        state.ema.step()  # after each applied update, as LeRobot after each sync step
     return grad_norm, None
 
 

@@ -41,7 +41,7 @@ def _allowlists() -> dict[str, Any]:
 
     return {
         "metadata": metadata.METADATA_ALLOWLIST,
-        "reader": reader._DATA_ALLOWLIST,
+        "reader": reader.TENSOR_ALLOWLIST,
         "plain objects": validate.PLAIN_OBJECTS,
     }
 

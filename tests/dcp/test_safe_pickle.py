@@ -33,7 +33,7 @@ from devtools.reliability.fuzz_runner import fenced
 from devtools.reliability.process_state import changes, fingerprint
 from tests.support.tables import same_tables
 
-ALLOWLISTS = {"metadata": metadata.METADATA_ALLOWLIST, "data": reader._DATA_ALLOWLIST, "plain": validate.PLAIN_OBJECTS}
+ALLOWLISTS = {"metadata": metadata.METADATA_ALLOWLIST, "data": reader.TENSOR_ALLOWLIST, "plain": validate.PLAIN_OBJECTS}
 ATTACKS = P.build_attacks()
 
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckpt_tools.errors import CkptError
+from ckpt_tools.format import ema, manifest
 from ckpt_tools.format import layout as L
-from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import SAVE_ID_KEY
 from ckpt_tools.format.rules.startup import RunSettings
@@ -90,6 +90,9 @@ def problems(paths: StepPaths, settings: RunSettings) -> list[str]:
         out += _scheduler_problems(scheduler, settings)
     if groups is not None:
         out += _group_problems(groups, settings, scheduler)
+    ema_change = ema.schedule_change(paths, settings.ema_enable, settings.ema_schedule)
+    if ema_change is not None:
+        out.append(ema_change)
     return out
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.rules.ignored_modules import pattern_problem
 
@@ -88,6 +89,8 @@ class RunSettings:
     load_from: str | None = None  # --checkpoint.load_from: a new run from a checkpoint's parts
     load: str | None = None  # --checkpoint.load: which parts (None: the model)
     resume: bool = False
+    ema_enable: bool | None = None  # --ema.enable (None: the config does not say)
+    ema_schedule: EmaSchedule | None = None  # the other --ema.* flags
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def _one_of(choices: Sequence[str]) -> str:
 
 def setting_refusals(s: RunSettings) -> list[Refusal]:
     """Every refusal that needs no world size, in the order the trainer checks them."""
-    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s) + _load(s)
+    found = _finite(s) + _counts(s) + _choices(s) + _ranges(s) + _accelerator(s) + _peft(s) + _load(s) + _ema(s)
     return [Refusal(text) for text in found]
 
 
@@ -331,6 +334,20 @@ def _load(s: RunSettings) -> list[str]:
     from ckpt_tools.format.rules.load_parts import setting_problems
 
     return setting_problems(s.load_from, s.load, resume=s.resume, peft=s.peft, policy_path=s.policy_path)
+
+
+def _ema(s: RunSettings) -> list[str]:
+    """LeRobot's checks of the ``--ema.*`` values, and its refusal of EMA with PEFT (the adapter is all that trains)."""
+    if not s.ema_enable:
+        return []
+    out = []
+    if s.ema_schedule is not None:
+        problem = s.ema_schedule.refusal()
+        if problem is not None:
+            out.append(problem)
+    if s.peft:
+        out.append("--ema.enable=true is not supported together with --peft.* (as in LeRobot)")
+    return out
 
 
 # ====================================================================== once the world size is known

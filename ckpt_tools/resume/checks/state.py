@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
+from ckpt_tools.format import ema as ema_rules
 from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import metadata_scalars, position_names, read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
@@ -75,6 +76,7 @@ def state_checks(source: ResumeSource, target: ResumeTarget, *, build: bool = Fa
     checks.append(_consistency(source))
     if not _lerobot(target) and target.settings is not None:
         checks.append(_saved_settings(source, target.settings))
+        checks.append(_ema(source, target.settings))
     checks.append(_save_files(source, target))
     edit = save_files.config_edit(source.paths)
     if edit is not None:
@@ -160,6 +162,16 @@ def _saved_settings(source: ResumeSource, settings: RunSettings) -> Check:
     if line is not None:
         return Check.fail("hyperparameters", line)
     return Check.ok("hyperparameters", "the saved optimizer and scheduler settings are the config's")
+
+
+def _ema(source: ResumeSource, settings: RunSettings) -> Check:
+    """The EMA state against the resumed ``--ema.enable`` (the trainer's refusal, :func:`ckpt_tools.format.ema.resume_refusal`)."""
+    line = ema_rules.resume_refusal(source.paths, source.record, settings.ema_enable)
+    if line is not None:
+        return Check.fail("ema", line)
+    if ema_rules.checkpoint_has_ema(source.paths, source.record):
+        return Check.ok("ema", f"EMA shadow after {source.record.ema_steps} updates, continued (--ema.enable=true)")
+    return Check.ok("ema", "no EMA state, none kept (--ema.enable=false)")
 
 
 def _trainer(source: ResumeSource, target: ResumeTarget) -> Check:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.format import ema as ema_rules
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
@@ -194,10 +195,15 @@ def _load(s: TrainingState, paths: StepPaths, trainable: set[str] | None) -> Res
     require_valid_dcp_inputs(paths)  # before torch's DCP load touches a byte
     require_consistent(paths, record, bulk_share=None)  # as the preflight did: the load refuses on its own too
     require_saved_settings(paths, s.cfg.run_settings())
+    refusal = ema_rules.resume_refusal(paths, record, s.cfg.ema.enable)
+    if refusal is not None:
+        raise CheckpointError(refusal)
     require_bulk_from_save(s.env, paths)
     warnings: list[str] = []
     reads = _load_weights(s, paths, trainable, warnings)
     reads.update(_load_optimizer(s, paths, record))
+    if s.ema is not None:
+        reads.update(parts.load_ema(s.ema, s.parallel, paths, record))
     _write_audit(s, paths, reads)
     resume = manifest.Resume.of(record, s.env.world_size, s.cfg.accelerator.mixed_precision)
     parts.load_scheduler_state(s.scheduler, paths)

@@ -189,6 +189,8 @@ class CheckpointManager:
         self._refuse_nonfinite(step, model, optimizer)
         peft = s.peft_model is not None
         assert s.cfg.policy is not None
+        ema_model = s.ema.model_state(model) if s.ema is not None else None
+        ema_state = s.ema.lerobot_state() if s.ema is not None and not s.parallel.sharded and s.env.is_main else None
         job = SaveJob(
             step=step,
             root=self.root,
@@ -204,6 +206,8 @@ class CheckpointManager:
             scaler_state=s.scaler.state_dict() if s.scaler is not None else None,
             processors=(s.preprocessor, s.postprocessor),
             adapter_config=s.peft_model.peft_config["default"] if peft else None,
+            ema_model=ema_model,
+            ema_state=ema_state,
             save_id=_shared_save_id(s.env),
             keep_last_n=s.cfg.checkpoint.keep_last_n,
             last_pointer_file=s.cfg.checkpoint.last_link == "file",
@@ -215,7 +219,10 @@ class CheckpointManager:
 
     def _refuse_nonfinite(self, step: int, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
         """Collective: :class:`NonFiniteError` on every rank when any rank's shards hold NaN or ±inf."""
-        bad, total = finite.nonfinite_names(self.state.env, {"model": model, "optimizer": optimizer})
+        parts = {"model": model, "optimizer": optimizer}
+        if self.state.ema is not None:
+            parts["ema"] = self.state.ema.shadow  # the EMA weights are published too: never NaN either
+        bad, total = finite.nonfinite_names(self.state.env, parts)
         if bad:
             last = layout.resolve_last(self.root)  # any earlier background save was committed by now
             raise NonFiniteError(finite.refusal(step, bad, total, str(last) if last else "none"))
@@ -267,6 +274,7 @@ class CheckpointManager:
             sampler=s.sampler.position(),
             sharded=s.parallel.sharded,
             peft=s.peft_model is not None,
+            ema_steps=s.ema.optimization_step if s.ema is not None else None,
             versions={"torch": torch.__version__, "ckpt_tools": __version__},
             initialized_from=s.initialized_from,
         )

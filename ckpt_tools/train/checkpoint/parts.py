@@ -17,6 +17,7 @@ saved policy through :func:`~ckpt_tools.train.policies.base.load_policy_config` 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from ckpt_tools.format.record import TrainingStep, training_step_json
 from ckpt_tools.format.rules import master_copy_problem, save_stamps, unresumable_reason
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
+from ckpt_tools.train import ema
 from ckpt_tools.train.checkpoint import rng, state_dicts
 from ckpt_tools.train.checkpoint.dcp_io import dcp_load, dcp_save
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter, write_gathered
@@ -187,6 +189,61 @@ def load_scaler_state(scaler: Any, paths: StepPaths) -> None:
             f"{paths.scaler_state}: missing; --accelerator.mixed_precision=fp16 needs the saved loss-scaler state"
         )
     scaler.load_state_dict(_unstamped(read_json_file(paths.scaler_state, want_object=True)))
+
+
+# ====================================================================== the EMA shadow (--ema.enable=true)
+
+
+@dataclass(frozen=True)
+class EmaAsModel:
+    """``pretrained_model_ema/`` seen as the model's directory: the EMA weights are written as the model's are."""
+
+    step: StepPaths
+
+    @property
+    def pretrained_model(self) -> Path:
+        return self.step.pretrained_model_ema
+
+    @property
+    def model_dcp(self) -> Path:
+        return self.step.ema_model_dcp
+
+
+def save_ema_state(state: dict[str, Any], paths: StepPaths) -> None:
+    """Main rank, a run that is not sharded: LeRobot's ``training_state/ema_state.pt``."""
+    ema.save_lerobot_state(state, paths.ema_state)
+
+
+def load_ema(shadow: ema.EmaShadow, parallel: ParallelModel, paths: StepPaths, record: TrainingStep) -> dict[str, int]:
+    """Collective: the shadow from the container the manifest chooses, resharded onto the running layout.
+
+    The DCP shards load into the sharded shadow as the model's do; the gathered file and
+    LeRobot's ``ema_state.pt`` are full tensors each rank takes its shards of. The update count
+    is the record's (``ema_steps``), or the ``.pt``'s for a checkpoint LeRobot wrote.
+    Returns the DCP bytes read per file.
+    """
+    chosen = manifest.choose(manifest.ema_inputs(), paths)
+    if chosen is None:
+        raise CheckpointError(
+            f"{paths.pretrained_model_ema}: no EMA weights ({manifest.EMA_DCP.name}, {manifest.EMA_WEIGHTS.name}"
+            f" or {manifest.EMA_STATE.path})"
+        )
+    reads: dict[str, int] = {}
+    steps = record.ema_steps
+    if chosen is manifest.EMA_DCP:
+        state = shadow.model_state(state_dicts.sharded_model_state(parallel, None))
+        params = {k: v for k, v in state.items() if k in shadow.shadow}
+        reads = dcp_load({layout.MODEL_DCP_KEY: params}, paths.ema_model_dcp, paths.root)
+    elif chosen is manifest.EMA_WEIGHTS:
+        shadow.load_full(_load_safetensors(paths.ema_model_weights))
+    else:
+        full, saved_steps = ema.read_lerobot_state(paths.ema_state, shadow)
+        shadow.load_full(full)
+        steps = saved_steps if steps is None else steps
+    if steps is None:
+        raise CheckpointError(f"{paths.training_step}: no ema_steps - the EMA update count cannot be restored")
+    shadow.optimization_step = steps
+    return reads
 
 
 # ====================================================================== the record

@@ -86,6 +86,8 @@ class SaveJob:
     scaler_state: dict[str, Any] | None
     processors: tuple[Pipeline, Pipeline]
     adapter_config: Any = None  # peft config, saved as adapter_config.json
+    ema_model: dict[str, Any] | None = None  # ``model`` with the EMA shadow in place of each parameter
+    ema_state: dict[str, Any] | None = None  # LeRobot's ema_state.pt content (main rank, non-sharded runs)
     timings: dict[str, float] = field(default_factory=dict)
     save_id: str | None = None  # the same on every rank (the capture shares it); None: the commit makes one up
     keep_last_n: int | None = None  # --checkpoint.keep_last_n: older steps removed after the commit
@@ -105,11 +107,15 @@ class SaveJob:
         Sharded tensors keep their layout on ``host_mesh`` (the CPU mesh of the same shape).
         The copies land in ``buffers``, reused from one save to the next.
         """
-        buffers.reserve({("model",): self.model, ("optimizer",): self.optimizer})
-        model = buffers.copy(("model",), self.model, host_mesh)
-        optimizer = buffers.copy(("optimizer",), self.optimizer, host_mesh)
+        trees = {("model",): self.model, ("optimizer",): self.optimizer}
+        if self.ema_model is not None:
+            trees[("ema_model",)] = self.ema_model
+        if self.ema_state is not None:
+            trees[("ema_state",)] = self.ema_state
+        buffers.reserve(trees)
+        copies = {key[0]: buffers.copy(key, tree, host_mesh) for key, tree in trees.items()}
         buffers.synchronize()  # device copies are asynchronous: done before the loop may change the state
-        return replace(self, model=model, optimizer=optimizer)
+        return replace(self, **copies)
 
     def run(self, groups: SaveGroups) -> Path:
         """Collective over ``groups``: write everything into the partial dir, then commit.
@@ -168,6 +174,8 @@ class SaveJob:
         def barrier() -> None:
             groups.barrier(self.env)
 
+        ema_paths = parts.EmaAsModel(paths)
+
         def gathered(path: Path, peft: bool) -> Callable[[], None]:
             return lambda: parts.save_gathered_weights(self.model, path, peft, groups.rows, barrier, written, save_id)
 
@@ -205,6 +213,27 @@ class SaveJob:
             ),
             manifest.SCALER_STATE.key: PartWriter(
                 SIDECARS, False, lambda: parts.save_scaler_state(_given(self.scaler_state), paths, save_id)
+            ),
+            manifest.EMA_DCP.key: PartWriter(
+                "model_dcp",
+                True,
+                lambda: parts.save_model_dcp(_given(self.ema_model), ema_paths, groups.world, written, save_id),
+            ),
+            manifest.EMA_WEIGHTS.key: PartWriter(
+                "gathered",
+                True,
+                lambda: parts.save_gathered_weights(
+                    _given(self.ema_model), paths.ema_model_weights, False, groups.rows, barrier, written, save_id
+                ),
+            ),
+            manifest.EMA_POLICY_CONFIG.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_policy_config(self.policy_config, ema_paths)
+            ),
+            manifest.EMA_PROCESSORS.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_processors(self.processors, ema_paths)
+            ),
+            manifest.EMA_STATE.key: PartWriter(
+                SIDECARS, False, lambda: parts.save_ema_state(_given(self.ema_state), paths)
             ),
             manifest.TRAINING_STEP.key: PartWriter(
                 SIDECARS, False, lambda: parts.save_training_step(self.record, paths, save_id)
@@ -415,7 +444,7 @@ def synced_by_their_writers(path: Path) -> bool:
     """
     if path.suffix == ".distcp":
         return True
-    return path.parent.name == layout.PRETRAINED_MODEL_DIR and path.name in (
+    return path.parent.name in (layout.PRETRAINED_MODEL_DIR, layout.PRETRAINED_MODEL_EMA_DIR) and path.name in (
         layout.MODEL_WEIGHTS,
         layout.ADAPTER_WEIGHTS,
     )
@@ -429,6 +458,8 @@ def prepare_partial(job: SaveJob) -> None:
         remove_tree(job.partial)
         paths.pretrained_model.mkdir(parents=True)
         paths.training_state.mkdir()
+        if job.ema_model is not None:
+            paths.pretrained_model_ema.mkdir()
     except OSError as e:
         where = Path(e.filename) if e.filename else job.partial
         raise WriteError(f"checkpoint save of step {job.step}: {describe_os_error(where, e)}") from None

@@ -10,6 +10,7 @@ import torch
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.data.processors import Pipeline
 from ckpt_tools.train.data.sampler import GlobalOrderSampler
+from ckpt_tools.train.ema import EmaShadow
 from ckpt_tools.train.parallel.distributed import DistEnv
 from ckpt_tools.train.parallel.precision import PrecisionPlan
 from ckpt_tools.train.parallel.wrap import ParallelModel
@@ -30,6 +31,7 @@ class TrainingState:
     preprocessor: Pipeline
     postprocessor: Pipeline
     peft_model: Any = None  # the peft.PeftModel when the run trains an adapter
+    ema: EmaShadow | None = None  # --ema.enable=true: the shadow of the weights
     step: int = 0
     optimizer_steps: int = 0
     # Where a run started from another run's checkpoint parts (--checkpoint.load_from), recorded in

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.errors import ConfigError
+from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.format.rules.startup import CHECKPOINT_FORMATS, MIXED_PRECISION_CHOICES, POLICY_DTYPES, RunSettings
 from ckpt_tools.train.config import FSDPConfig, train_config_dict
 from ckpt_tools.train.env_guard import check_accelerate_env
@@ -334,6 +335,10 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
             ("--optimizer.grad_clip_norm", 0.0),
             ("--scheduler.min_lr_ratio", 0.2),
             ("--peft.lora_dropout", 0.0),
+            ("--ema.inv_gamma", 1.0),
+            ("--ema.power", 0.75),
+            ("--ema.min_decay", 0.0),
+            ("--ema.max_decay", 0.9999),
         ),
         weight_decay=0.01,
         betas=[0.8, 0.99],
@@ -345,6 +350,8 @@ def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> N
         max_nonfinite_steps=2,
         keep_last_n=3,
         last_link="file",
+        ema_enable=False,
+        ema_schedule=EmaSchedule(),
     )
     other, _ = parse_train_config([*TINY, "--accelerator.fsdp.min_num_params=1000", f"--output_dir={tmp_path}"])
     assert other.run_settings().min_num_params == 1000 and not other.run_settings().peft

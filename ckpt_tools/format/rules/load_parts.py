@@ -123,7 +123,7 @@ def source_checks(
         if part == MODEL:
             chosen = manifest.choose(manifest.weights_inputs(False), paths)
             problem = manifest.no_weights_reason(paths, False) if chosen is None else None
-            if problem is None and load_plan.saved_shapes(paths) is None:
+            if chosen is not None and problem is None and load_plan.saved_shapes(paths) is None:
                 problem = f"{paths.root / chosen.path}: its tensor table cannot be read (a damaged header or metadata)"
             inputs = (chosen,) if chosen is not None else ()
         elif part == OPTIMIZER:

@@ -179,6 +179,6 @@ def dcp_load(state: dict[str, Any], directory: Path, step_root: Path) -> dict[st
     return {str(prefix / name): length for name, length in reader.requested.items()}
 
 
-def _dcp_error(directory: Path, error: Exception) -> CheckpointError:
+def _dcp_error(directory: Path, error: BaseException) -> CheckpointError:
     last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
     return CheckpointError(f"{directory}: DCP load failed ({last[:300]})")

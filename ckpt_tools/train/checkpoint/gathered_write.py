@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -140,7 +140,7 @@ def _write_tensor(
     if dim0_sharded(tensor):
         if not writer.writes_shards:
             return
-        local = tensor.to_local()
+        local = cast(DTensor, tensor).to_local()
         rows = tensor.shape[0]
         per_rank = math.ceil(rows / writer.shard_count)  # torch.chunk: ceil-sized chunks, short or empty tail
         start = min(rows, writer.shard_index * per_rank)

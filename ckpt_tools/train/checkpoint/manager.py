@@ -128,7 +128,8 @@ class CheckpointManager:
         s = self.state
         memory = PeakMemory()
         memory.start()
-        clock = PhaseClock(pause_phases := {})
+        pause_phases: dict[str, float] = {}
+        clock = PhaseClock(pause_phases)
         started = now()
         self.wait()  # the previous background save must be committed before the next starts
         clock.lap("wait_previous")

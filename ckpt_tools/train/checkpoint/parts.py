@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -43,12 +43,23 @@ from ckpt_tools.train.parallel.wrap import ParallelModel
 from ckpt_tools.train.policies.base import save_policy_config as write_policy_config
 from ckpt_tools.train.policies.configs import PolicyConfig
 
+
+class ModelDirs(Protocol):
+    """Where a policy's files go: a step's ``pretrained_model/`` (:class:`StepPaths`) or its EMA twin."""
+
+    @property
+    def pretrained_model(self) -> Path: ...
+
+    @property
+    def model_dcp(self) -> Path: ...
+
+
 # ====================================================================== weights: DCP shards
 
 
 def save_model_dcp(
     model: dict[str, Any],
-    paths: StepPaths,
+    paths: ModelDirs,
     group: Any,
     written: WrittenDigests | None = None,
     save_id: str | None = None,
@@ -96,7 +107,8 @@ def load_gathered_weights(parallel: ParallelModel, path: Path, trainable: set[st
     if trainable is not None:
         full = peft_keys_to_model_keys(full, trainable)
     live = {name: dtype_name(p.dtype) for name, p in parallel.inner.named_parameters()}
-    problem = master_copy_problem({k: dtype_name(v.dtype) for k, v in full.items()}, live)
+    saved = {k: name for k, v in full.items() if (name := dtype_name(v.dtype)) is not None}
+    problem = master_copy_problem(saved, {k: name for k, name in live.items() if name is not None})
     state_dicts.load_full_model_state(parallel, full, partial=trainable is not None)
     return f"{path.name}: {problem}" if problem is not None else None
 
@@ -277,7 +289,7 @@ def check_resumable(paths: StepPaths, record: TrainingStep) -> None:
 # ====================================================================== configs and processors (save only)
 
 
-def save_policy_config(config: PolicyConfig, paths: StepPaths) -> None:
+def save_policy_config(config: PolicyConfig, paths: ModelDirs) -> None:
     write_policy_config(config, paths.pretrained_model)
 
 
@@ -290,7 +302,7 @@ def save_adapter_config(adapter_config: Any, paths: StepPaths) -> None:
     adapter_config.save_pretrained(str(paths.pretrained_model))
 
 
-def save_processors(processors: tuple[Pipeline, Pipeline], paths: StepPaths) -> None:
+def save_processors(processors: tuple[Pipeline, Pipeline], paths: ModelDirs) -> None:
     for pipeline in processors:
         pipeline.save(paths.pretrained_model)
 

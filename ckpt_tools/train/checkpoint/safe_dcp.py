@@ -189,9 +189,10 @@ class SafeFileSystemReader(FileSystemReader):
             metadata = self._preloaded
         else:
             metadata = load_torch_metadata(self._get_metadata_path(rank))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

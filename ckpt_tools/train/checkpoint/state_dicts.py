@@ -13,7 +13,7 @@ modules): the frozen base is never written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -52,7 +52,7 @@ def sharded_model_state(parallel: ParallelModel, only: set[str] | None) -> dict[
 
 def load_full_model_state(parallel: ParallelModel, state: dict[str, torch.Tensor], partial: bool) -> None:
     options = StateDictOptions(full_state_dict=True, strict=not partial)
-    set_model_state_dict(parallel.inner, state, options=options)
+    set_model_state_dict(parallel.inner, cast(Any, state), options=options)
 
 
 def load_sharded_model_state(parallel: ParallelModel, state: dict[str, Any], partial: bool) -> None:
@@ -155,7 +155,7 @@ def load_flat_optimizer(
         name, key = _split_flat(flat, param_names, names)
         state[name][key] = value
     osd = {"state": {k: v for k, v in state.items() if v}, "param_groups": groups.groups}
-    set_optimizer_state_dict(parallel.inner, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(parallel.inner, optimizer, cast(Any, osd), options=StateDictOptions(full_state_dict=True))
 
 
 def _split_flat(flat: str, param_names: list[str], by_position: list[str] | None) -> tuple[str, str]:

@@ -50,10 +50,11 @@ class ParallelModel:
         """A context for one micro-step: gradients are reduced only on the last of a window."""
         import contextlib
 
+        wrapper: Any = self.module  # DDP or an FSDP2 root: methods nn.Module does not declare
         if self.layout is Layout.DDP and not enabled:
-            return self.module.no_sync()
+            return wrapper.no_sync()
         if self.sharded:
-            self.module.set_requires_gradient_sync(enabled)
+            wrapper.set_requires_gradient_sync(enabled)
         return contextlib.nullcontext()
 
 

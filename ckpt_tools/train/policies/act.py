@@ -174,7 +174,7 @@ class TiedACTPolicy(ACTPolicy):
         assert config.action_dim is not None
         self.action_embedding = nn.Embedding(config.action_dim, config.dim_model)
         self.action_head = TiedActionHead(config.dim_model, config.action_dim)  # type: ignore[assignment]
-        self.action_head.proj.weight = self.action_embedding.weight
+        self.action_head.proj.weight = self.action_embedding.weight  # type: ignore[union-attr]  # TiedActionHead
 
     def decoder_queries(self, batch_size: int) -> torch.Tensor:
         query = self.action_embedding.weight.mean(dim=0)

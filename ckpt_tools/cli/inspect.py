@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -48,7 +47,7 @@ RANKS_SHOWN = 8  # saving ranks listed per DCP directory in the text output
 @app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
 @handled
 def inspect_command(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint path (see above).")],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="Checkpoint path, local or hf:// (see above).")],
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor: name, dtype, shape, chunks.")] = False,
     check_values: Annotated[
         bool,
@@ -69,10 +68,11 @@ def inspect_command(
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.inspect import inspect_path
 
-    with fresh_reads(no_cache):
-        report = inspect_path(path, tensors=tensors, check_values=check_values, verify_data=verify_data)
+    with fresh_reads(no_cache), checkpoint_source(path) as source:
+        report = inspect_path(source, tensors=tensors, check_values=check_values, verify_data=verify_data)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.remote import as_path
 
 # Directories
 CHECKPOINTS_DIR = "checkpoints"
@@ -320,8 +321,12 @@ def _looks_like_step_dir(path: Path) -> bool:
 
 
 def locate(path: str | os.PathLike[str]) -> Located:
-    """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known."""
-    p = Path(path)
+    """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known.
+
+    ``path`` may be a :class:`~ckpt_tools.hub.hubpath.HubPath`: the same rules then run on the
+    repository's listing.
+    """
+    p = as_path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
     if p.is_file():
@@ -393,7 +398,7 @@ def pretrained_model_dir(path: str | os.PathLike[str]) -> Path:
     that step's ``pretrained_model/`` (:func:`resolve_step`); any other path (a
     ``pretrained_model/``, a ``convert-dcp --output`` dir, something missing) is itself.
     """
-    p = Path(path).expanduser()
+    p = as_path(path).expanduser()
     try:
         kind = locate(p).kind
     except CheckpointError:

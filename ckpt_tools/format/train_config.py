@@ -23,6 +23,7 @@ from typing import Any
 
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.io.safe_read import read_json_file
 
 
@@ -354,6 +355,6 @@ class SavedConfig:
 
 def read_saved_config(path: str | os.PathLike[str]) -> SavedConfig:
     """Parse ``train_config.json``; :class:`CheckpointError` when it is missing or not a JSON object."""
-    p = Path(path)
+    p = as_path(path)
     data = read_json_file(p, missing="missing (--resume reads the training config from it)", want_object=True)
     return SavedConfig(p, data)

@@ -22,6 +22,9 @@ Endpoints (``{repo}`` is ``namespace/name``; model repos, dataset repos under ``
     PUT  /_lfs/{ticket}                             the upload "presigned URL": raw bytes, no auth header
     HEAD|GET /{prefix}{repo}/resolve/{rev}/{path}   X-Repo-Commit, ETag, Content-Length; Range; X-Error-Code
 
+Each recorded request keeps the bytes of the answer body it was sent (``sent``);
+:meth:`HubServer.bytes_sent` sums them, so a test can say how much a client downloaded.
+
 Fault knobs (:class:`Faults`, route names as in :data:`ROUTES`): ``fail`` answers a status
 (default 500) instead of handling the request, ``hang`` holds the answer until
 :meth:`Faults.release` (or a safety cap), ``drop`` closes the connection without answering,
@@ -159,6 +162,7 @@ class RecordedRequest:
     status: int
     user: str | None
     had_auth_header: bool
+    sent: int = 0  # bytes of the answer's body written to the client (what a download cost)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -352,6 +356,10 @@ class HubServer:
     def requests_for(self, route: str) -> list[RecordedRequest]:
         return [r for r in self.requests if r.route == route]
 
+    def bytes_sent(self, route: str | None = None) -> int:
+        """Bytes of answer bodies written to clients (of ``route`` only, when given): what downloads cost."""
+        return sum(r.sent for r in self.requests if route is None or r.route == route)
+
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         with self.state.lock:
             return self.state.repos[(repo_type, repo_id)]
@@ -511,7 +519,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
-            record = RecordedRequest(route, self.command, path, query, headers, body, status, user, had_auth)
+            sent = getattr(self, "_sent", 0)
+            self._sent = 0
+            record = RecordedRequest(route, self.command, path, query, headers, body, status, user, had_auth, sent)
             with self.state.lock:
                 self.state.requests.append(record)
 
@@ -533,6 +543,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+                self._sent = len(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

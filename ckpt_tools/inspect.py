@@ -53,6 +53,7 @@ from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules import save_data, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
+from ckpt_tools.io.remote import remote_file
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 from ckpt_tools.st.index import read_index
@@ -247,6 +248,11 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
             Check.judge(
                 "last link", ok, f"last -> {report.last}" if ok else f"last -> {report.last}: not a step dir here"
             )
+        )
+    elif steps and remote_file(root) is not None:
+        shown = last.name if last is not None else None
+        report.checks.append(
+            Check.ok("last link", f"on the Hub, where an upload leaves 'last' out: the newest, {shown}")
         )
     elif steps:
         report.checks.append(Check.fail("last link", "no 'last' link next to the step dirs"))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.io.remote import as_path
+from ckpt_tools.io.remote import as_path, remote_file
 
 # Directories
 CHECKPOINTS_DIR = "checkpoints"
@@ -266,7 +266,15 @@ def list_partial_dirs(checkpoints_root: Path) -> list[Path]:
 
 
 def resolve_last(checkpoints_root: Path) -> Path | None:
-    """The step directory ``last`` points at, or None when there is no usable ``last``."""
+    """The step directory ``last`` points at, or None when there is no usable ``last``.
+
+    On the Hub (a :class:`~ckpt_tools.io.remote.RemoteFile` root) there are no symlinks - an
+    upload leaves ``last`` out - and a commit is all or nothing, so ``last`` is what it pointed
+    at when the run was uploaded: the newest step directory.
+    """
+    if remote_file(checkpoints_root) is not None:
+        steps = list_step_dirs(checkpoints_root)
+        return steps[-1] if steps else None
     link = checkpoints_root / LAST_LINK
     if not link.is_symlink() and not link.is_dir():
         return None

@@ -57,10 +57,12 @@ class HubPath(PosixPath):
         return HubLocation(loc.repo_id, loc.revision, self.in_repo)
 
     def __str__(self) -> str:
+        if self.parts[:2] != ("/", ANCHOR):  # a relative path (``relative_to``): a plain one
+            return PosixPath.__str__(self)
         return self.location.url
 
     def __fspath__(self) -> str:
-        return self.location.url
+        return str(self)
 
     def __repr__(self) -> str:
         return f"HubPath({self.location.url!r})"

@@ -65,6 +65,7 @@ from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_stamps
 from ckpt_tools.io import digest as full_digest
 from ckpt_tools.io.fsutil import atomic_write
+from ckpt_tools.io.remote import RemoteHandle, pread, remote_file
 from ckpt_tools.io.safe_read import open_regular, read_json_file
 
 SCHEMA = 2
@@ -223,7 +224,7 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
     for directory in (paths.model_dcp, paths.optimizer_dcp):
         if not directory.is_dir():
             continue
-        for entry in os.scandir(directory):
+        for entry in directory.iterdir():  # a local directory or one on the Hub alike
             rel = f"{directory.relative_to(paths.root).as_posix()}/{entry.name}"
             dcp_file = entry.name.endswith(L.DCP_SHARD_SUFFIX) or entry.name == L.DCP_METADATA
             if dcp_file and rel not in saved.files:
@@ -277,7 +278,7 @@ def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool, s
     ``digest``: compare the content (and the stamp, against ``save_id``) too, not only the size."""
     path = paths.root / rel
     try:
-        st = os.lstat(path)
+        st = path.lstat()
     except FileNotFoundError:
         return []  # a missing part is the manifest's concern; a deleted converted-away shard is fine
     except OSError as e:
@@ -363,20 +364,22 @@ def _digest(path: Path, size: int, sampled: bool) -> str:
     ``size`` is what the caller saw; a whole-file digest reads at most :data:`DIGEST_LIMIT` + 1
     bytes, so a record cannot make a check read a huge file end to end.
     """
-    fd = open_regular(path)
+    remote = remote_file(path)
+    fd: int | RemoteHandle = RemoteHandle(remote) if remote is not None else open_regular(path)  # Hub: by ranges
     try:
         h = hashlib.blake2b(digest_size=16)
         if sampled:
-            h.update(os.pread(fd, SAMPLE, 0))
-            h.update(os.pread(fd, SAMPLE, max(0, size - SAMPLE)))
+            h.update(pread(fd, SAMPLE, 0))
+            h.update(pread(fd, SAMPLE, max(0, size - SAMPLE)))
         else:
-            left = DIGEST_LIMIT + 1
-            while left > 0 and (chunk := os.read(fd, min(_READ, left))):
+            done = 0
+            while done <= DIGEST_LIMIT and (chunk := pread(fd, min(_READ, DIGEST_LIMIT + 1 - done), done)):
                 h.update(chunk)
-                left -= len(chunk)
+                done += len(chunk)
         return h.hexdigest()
     finally:
-        os.close(fd)
+        if isinstance(fd, int):
+            os.close(fd)
 
 
 def encode(doc: dict[str, Any]) -> bytes:

@@ -73,11 +73,12 @@ def verify_resume_command(
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.resume.verify import verify_resume
 
     request = opt.target_request(locals())
-    with opt.fresh_reads(no_cache):
-        report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
+    with opt.fresh_reads(no_cache), checkpoint_source(checkpoint) as source:
+        report = verify_resume(source, request, config=config, strict=strict, build=not skip_build)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules.startup import RunSettings
-from ckpt_tools.io.remote import as_path
+from ckpt_tools.io.remote import as_path, remote_file
 from ckpt_tools.io.safe_read import read_json_file
 
 
@@ -137,7 +137,8 @@ class SavedConfig:
         """The checkpoint step this file is in (``<step>/pretrained_model/train_config.json``), if any."""
         if self.path.name != layout.TRAIN_CONFIG or self.path.parent.name != layout.PRETRAINED_MODEL_DIR:
             return None
-        return layout.StepPaths(Path(os.path.abspath(self.path.parent.parent)))
+        step = self.path.parent.parent
+        return layout.StepPaths(step if remote_file(step) is not None else Path(os.path.abspath(step)))
 
     @property
     def run_dir(self) -> Path | None:

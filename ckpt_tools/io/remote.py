@@ -53,7 +53,9 @@ def read_remote_whole(file: RemoteFile, limit: int, what: str) -> bytes:
     return data
 
 
-READ_AHEAD = 8 * 1024  # a small read of a remote file fetches this much: a chunk archive's zip records come in tiny reads
+READ_AHEAD = (
+    8 * 1024
+)  # a small read of a remote file fetches this much: a chunk archive's zip records come in tiny reads
 
 
 class RemoteHandle:

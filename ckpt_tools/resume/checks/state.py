@@ -37,6 +37,7 @@ from ckpt_tools.format.rules import (
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.resume_output import check_output
 from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.io.remote import remote_file
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -117,6 +118,14 @@ def _build_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     against it (:func:`ckpt_tools.train.preflight.build_checks`); only where torch is installed."""
     if _lerobot(target) or source.config is None or target.topology is None:
         return []  # LeRobot builds its own policy; a refused topology stops before any build
+    if remote_file(source.paths.root) is not None:
+        return [
+            Check.ok(
+                "policy-builds",
+                "not run: the checkpoint is on the Hub, and the build (dataset, policy, load plan) reads its files"
+                " locally; ckpt-train --checkpoint.resume_from=hf://... downloads them and runs it",
+            )
+        ]
     if not (_importable("torch") and _importable("draccus")):
         return [
             Check.ok(

@@ -2,16 +2,20 @@
 
 :func:`upload` sends a local folder with ``HfApi.upload_folder`` in a separate process (the
 client reads its endpoint and token from the environment at import time, see
-:mod:`tests.support.hub_fixtures`); :func:`tools` runs ``ckpt-tools`` with that environment.
+:mod:`tests.support.hub_fixtures`); :func:`module_hub` is the ``hub`` fixture's server for a
+whole test module (several tests read one uploaded checkpoint).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from devtools.procs import script
+from tests.fakes.hub.server import HubServer
+from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 
 UPLOAD = """
 import sys
@@ -35,6 +39,10 @@ def upload(env: dict[str, str], folder: Path, repo_id: str, path_in_repo: str = 
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def tools(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``ckpt-tools ARGS`` in a process pointed at the loopback Hub."""
-    return subprocess.run([script("ckpt-tools"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+@contextmanager
+def module_hub(hf_home: Path) -> Iterator[HubEndpoint]:
+    """A loopback Hub (user ``alice``) and an environment pointing at it, as the ``hub`` fixture makes one."""
+    token = new_token()
+    server = HubServer({token: HUB_USER}, orgs={HUB_USER: {HUB_ORG}})
+    with server:
+        yield HubEndpoint(server.url, server, hub_process_env(server.url, token, hf_home))

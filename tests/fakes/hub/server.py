@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -96,11 +97,11 @@ class StoredFile:
     content: bytes
     lfs: bool
 
-    @property
+    @cached_property  # once per file: a ranged read of a 256 MiB file must not hash all of it again
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
-    @property
+    @cached_property
     def oid(self) -> str:
         """What preupload reports as the file's current oid (sha256 for LFS, git blob oid otherwise)."""
         return self.sha256 if self.lfs else git_blob_oid(self.content)

@@ -779,6 +779,11 @@ def _archive_check(index: ChunkIndex, rel: str, notes: list[str]) -> Check:
     save that indexed them, or checked by an earlier look - they are not read again (a note
     says so; ``--no-cache`` reads them all).
     """
+    if remote_file(index.root) is not None:
+        return Check.ok(
+            f"{rel} chunk data",
+            "not read: the shards stay on the Hub (the sizes its listing gives hold every chunk); convert-dcp reads them",
+        )
     if index.archives_known_good():
         how = "as the save wrote them" if index.origin.source == "index" else "as an earlier look checked them"
         notes.append(f"{rel}: chunk archives {how}: every shard file's size and time unchanged since, not re-read")

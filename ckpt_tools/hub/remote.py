@@ -23,9 +23,14 @@ from typing import Any
 
 from ckpt_tools.errors import CheckpointError, CkptError, ExitCode
 from ckpt_tools.hub.client import DeadlineExceeded, ResponseTooLarge
+from ckpt_tools.format.layout import DCP_SHARD_SUFFIX
 from ckpt_tools.hub.location import HubLocation
 
 MAX_RANGE_BYTES = 256 * 2**20  # what one ranged read may ask for: a streamed chunk, never a whole shard
+# A file this small is fetched whole at its first read and kept: the JSON records, .metadata and
+# small headers are read several times by different checks; a revision's files never change.
+SMALL_FILE_BYTES = 256 * 1024
+KEPT_BYTES = 64 * 2**20  # at most this much of small files is kept
 
 
 class HubReadError(CkptError):
@@ -53,6 +58,8 @@ class HubRepo:
         self.dirs = {"/".join(p.split("/")[:i]) for p in files for i in range(len(p.split("/")))}
         self._lock = threading.Lock()
         self.bytes_read = 0
+        self._kept: dict[str, bytes] = {}
+        self._kept_bytes = 0
 
     @classmethod
     def open(cls, location: HubLocation) -> HubRepo:
@@ -84,6 +91,26 @@ class HubRepo:
         length = max(0, min(length, entry.size - offset))
         if length == 0:
             return b""
+        if entry.size <= SMALL_FILE_BYTES and not path.endswith(DCP_SHARD_SUFFIX):  # shards: only the ranges asked for
+            return self._small(entry)[offset : offset + length]
+        return self._get(entry, offset, length)
+
+    def _small(self, entry: RemoteEntry) -> bytes:
+        """A small file, whole: from what was kept, or by one read that is then kept (within :data:`KEPT_BYTES`)."""
+        with self._lock:
+            kept = self._kept.get(entry.path)
+        if kept is not None:
+            return kept
+        data = self._get(entry, 0, entry.size)
+        with self._lock:
+            if self._kept_bytes + len(data) <= KEPT_BYTES:
+                self._kept[entry.path] = data
+                self._kept_bytes += len(data)
+        return data
+
+    def _get(self, entry: RemoteEntry, offset: int, length: int) -> bytes:
+        """One ranged GET of ``length`` bytes at ``offset`` (checked: exactly those bytes came back)."""
+        path = entry.path
         if length > MAX_RANGE_BYTES:
             raise CheckpointError(f"{self.location.child(path)}: a read of {length} bytes, more than one range holds")
         from huggingface_hub import get_session, hf_hub_url

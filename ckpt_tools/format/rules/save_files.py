@@ -209,8 +209,11 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
 
     ``bulk_share`` ``(r, n)``: sample the ends of every n-th bulk file from the r-th on (the
     trainer's ranks share the reads: each file is read once in the job, not once per rank);
-    None: bulk files by size only. Sizes and every other file are always checked whole.
+    None: bulk files by size only. Sizes and every other file are always checked whole. A step on
+    the Hub: bulk files by size only (the listing's), so that no check downloads from a shard.
     """
+    if remote_file(paths.root) is not None:
+        bulk_share = None
     out: list[str] = []
     bulk_seen = 0
     for rel, recorded in saved.files.items():

@@ -428,6 +428,9 @@ class _Reply(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm each small answer would wait
+    # for the client's delayed ACK (40 ms), which a client making hundreds of ranged reads pays for each.
+    disable_nagle_algorithm = True
     server_handle: HubServer  # set on the bound subclass
 
     # -- plumbing -----------------------------------------------------------------------

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError, CkptError, ExitCode
-from ckpt_tools.hub.client import DeadlineExceeded, ResponseTooLarge
 from ckpt_tools.format.layout import DCP_SHARD_SUFFIX
+from ckpt_tools.hub.client import DeadlineExceeded, ResponseTooLarge
 from ckpt_tools.hub.location import HubLocation
 
 MAX_RANGE_BYTES = 256 * 2**20  # what one ranged read may ask for: a streamed chunk, never a whole shard

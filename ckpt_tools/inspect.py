@@ -375,7 +375,7 @@ def _save_files(paths: L.StepPaths, report: InspectReport, part: str | None) -> 
         return
     edited = save_files.edits(paths, saved)
     note = f"; edited since the save: {', '.join(edited)}" if edited else ""
-    report.checks.append(Check.ok("save files", save_files.describe(saved) + note))
+    report.checks.append(Check.ok("save files", save_files.describe(saved, paths) + note))
 
 
 def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:

@@ -18,7 +18,8 @@ INSPECT_HELP = """Show what a checkpoint holds and check its health - reads head
 
 PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir, a
 single .safetensors file or a folder of them (torch's HF-storage pieces are shown as pieces of
-their tensors). Prints the formats present, PEFT or not, processors, the run's
+their tensors), local or on the Hugging Face Hub as hf://OWNER/REPO[@REVISION][/PATH] (only the
+JSON records, metadata and headers are downloaded, by ranged reads). Prints the formats present, PEFT or not, processors, the run's
 topology and batch factorization (training_step.json), parameters and bytes by dtype,
 per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
 format, metadata consistency, chunk coverage, file sizes, safetensors headers. --check-values
@@ -35,10 +36,12 @@ Examples:
   ckpt-tools inspect outputs/train/checkpoints/last --tensors
   ckpt-tools inspect outputs/train/checkpoints/005000/pretrained_model/pytorch_model_fsdp_0 --json
   ckpt-tools inspect model.safetensors
+  ckpt-tools inspect hf://alice/act-pick-place
   ckpt-tools inspect outputs/train/checkpoints/last --check-values
   ckpt-tools inspect outputs/train/checkpoints/last --verify-data
 
-Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
+Exit codes: 0 healthy; 1 a health check failed; 2 a malformed hf:// path; 3 PATH is missing or not a
+checkpoint; 5 the Hub or the network to it failed.
 """
 NONFINITE_SHOWN = 20  # tensors with NaN or inf listed in the text output
 RANKS_SHOWN = 8  # saving ranks listed per DCP directory in the text output

@@ -127,6 +127,15 @@ def test_a_hub_path_that_names_nothing_is_one_line(hub_module: HubEndpoint, big_
         assert (rc, err) == (code, f"error: {path}: {line}"), (path, rc, err)
 
 
+def test_a_hub_that_cannot_be_reached_is_one_line_and_exit_5(hub: HubEndpoint) -> None:
+    hub.server.seed_repo("alice/act", {"pretrained_model/config.json": b"{}"})
+    hub.server.stop()  # the port now refuses connections
+    rc, _, err = _cli(hub, "inspect", "hf://alice/act")
+    assert rc == 5
+    assert err.startswith("error: hf://alice/act: network error talking to the Hub (listing the repository: ")
+    assert len(err.splitlines()) == 1
+
+
 # ---------------------------------------------------------------- a real run
 
 

@@ -305,10 +305,13 @@ def summary(paths: StepPaths, found: list[str]) -> str:
     return f"{paths.root}: files that are not from the save that wrote this step ({shown})"
 
 
-def describe(saved: SaveFiles | None) -> str:
+def describe(saved: SaveFiles | None, paths: StepPaths | None = None) -> str:
+    """The record in one line; ``paths`` on the Hub: bulk files were compared by size only (see :func:`problems`)."""
     if saved is None:
         return "no record of the save's files (not written by ckpt-train): only the counters tie its files together"
     bulk = sum(f.sampled for f in saved.files.values())
+    on_hub = paths is not None and remote_file(paths.root) is not None
+    ends = "size (on the Hub: their ends are not downloaded)" if on_hub else "size and both ends"
     full = sum(f.verifiable for f in saved.files.values())
     every_byte = (
         "every byte digested (inspect --verify-data)"
@@ -319,7 +322,7 @@ def describe(saved: SaveFiles | None) -> str:
     )
     return (
         f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
-        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by size and both ends; {every_byte})"
+        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by {ends}; {every_byte})"
     )
 
 

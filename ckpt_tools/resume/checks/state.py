@@ -220,7 +220,7 @@ def _save_files(source: ResumeSource, target: ResumeTarget) -> Check:
     if not found:
         edited = save_files.edits(source.paths, saved) if saved is not None else []
         note = f"; edited since the save (the resume uses the edits): {', '.join(edited)}" if edited else ""
-        return Check.ok("save-files", save_files.describe(saved) + note)
+        return Check.ok("save-files", save_files.describe(saved, source.paths) + note)
     line = save_files.summary(source.paths, found)
     if _lerobot(target):  # it loads them: the run goes on, not from the state that was saved
         return Check.warn("save-files", f"{line}; lerobot-train does not check and would resume from a mixed state")

@@ -46,7 +46,7 @@ import numpy as np
 from ckpt_tools.check import Check, Subject
 from ckpt_tools.dcp import hf_storage, validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
-from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.errors import CheckpointError, CkptError, UsageError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
@@ -145,6 +145,12 @@ def inspect_path(
     ``verify_data`` every recorded byte against the save's full digests (likewise).
     """
     located = L.locate(path)
+    if (check_values or verify_data) and remote_file(located.path) is not None:
+        flag = "--check-values" if check_values else "--verify-data"
+        raise UsageError(
+            f"{located.path}: {flag} reads every byte of the checkpoint, which ranged reads from the Hub are not for;"
+            " download it first (hf download) and inspect the local copy"
+        )
     report = InspectReport(
         path=str(located.path), kind=located.kind.value, values_checked=check_values, data_checked=verify_data
     )

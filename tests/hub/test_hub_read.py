@@ -125,6 +125,9 @@ def test_a_hub_path_that_names_nothing_is_one_line(hub_module: HubEndpoint, big_
     for path, (code, line) in cases.items():
         rc, _, err = _cli(hub_module, "inspect", path)
         assert (rc, err) == (code, f"error: {path}: {line}"), (path, rc, err)
+    # Reading every byte is not what ranged reads are for: refused, not "verified" over nothing.
+    rc, _, err = _cli(hub_module, "inspect", f"hf://{BIG_REPO}/pytorch_model_fsdp_0", "--verify-data")
+    assert rc == 2 and "--verify-data reads every byte of the checkpoint" in err and "download it first" in err
 
 
 def test_a_hub_that_cannot_be_reached_is_one_line_and_exit_5(hub: HubEndpoint) -> None:

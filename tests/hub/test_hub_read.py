@@ -9,6 +9,8 @@ they judge the local copy, and the one-line errors of a path that names nothing.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 
 from ckpt_tools.errors import UsageError
 from ckpt_tools.hub.location import HubLocation, parse_hub_path
-from devtools.procs import run_cli
+from devtools.procs import no_torch_env, run_cli
 from tests.support.hub_fixtures import HubEndpoint
 from tests.support.hub_read import module_hub, upload
 
@@ -198,6 +200,17 @@ def test_convert_dcp_from_the_hub_writes_the_bytes_of_a_local_conversion(
         assert sorted(p.name for p in remote.iterdir()) == sorted(p.name for p in local.iterdir())
         for f in local.iterdir():
             assert (remote / f.name).read_bytes() == f.read_bytes(), f.name
+    # LeRobot's spelling reads the Hub the same way.
+    lerobot = tmp_path / "lerobot"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tools.cli.lerobot_convert_dcp", f"--checkpoint_dir={step}", f"--output={lerobot}"],
+        env=no_torch_env(hub_module.env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (lerobot / "model.safetensors").read_bytes() == (tmp_path / "local-model/model.safetensors").read_bytes()
     # A checkpoint on the Hub is only read: the output must be named, and nothing is deleted or pushed from it.
     refusals = {
         (): f"error: {step}: name a local --output (a checkpoint on the Hub is never written to)",

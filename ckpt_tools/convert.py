@@ -48,6 +48,7 @@ from ckpt_tools.format.ema import no_ema_weights
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.io.dir_lock import DirLock, DirLocked
 from ckpt_tools.io.fsutil import Leftover, TempSibling, fsync_dir
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
 from ckpt_tools.st.header import read_header
@@ -218,7 +219,7 @@ def convert_dcp(
     shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
     if what is not None and what not in WHAT_CHOICES:
         raise UsageError(f"--what must be one of {', '.join(WHAT_CHOICES)}, got {what!r}")
-    named = Path(checkpoint_dir)
+    named = as_path(checkpoint_dir)
     source = _resolve_source(named, what) if not ema else _resolve_ema_source(named)
     if source.interrupted:
         return _finish_interrupted(source, dry_run=dry_run, start=start)

@@ -30,11 +30,14 @@ from ckpt_tools.format.manifest import Part
 from ckpt_tools.format.removal import dcp_part_at, removal_refusal
 from ckpt_tools.format.rules import master_copy_problem
 from ckpt_tools.io.fsutil import Leftover, delete_aside, find_leftovers, remove_tree
+from ckpt_tools.io.remote import remote_file
 
 ALLOW_FLAG = "--allow-unresumable"
 
 
 def _real(path: Path) -> Path:
+    if remote_file(path) is not None:  # on the Hub: no symlinks, nothing deleted there
+        return path
     return Path(os.path.realpath(path))
 
 

@@ -47,13 +47,14 @@ from ckpt_tools import ema_inspect
 from ckpt_tools.check import Check, Subject
 from ckpt_tools.dcp import hf_storage, validate
 from ckpt_tools.dcp.index import ChunkIndex, RankShard
-from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.errors import CheckpointError, CkptError, UsageError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules import load_parts, save_data, save_files, unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.io.fsutil import find_leftovers
+from ckpt_tools.io.remote import remote_file
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
 from ckpt_tools.st.index import read_index
@@ -165,6 +166,12 @@ def inspect_path(
     it, the run's own ``--checkpoint.keep_last_n``, when its ``train_config.json`` has one).
     """
     located = L.locate(path)
+    if (check_values or verify_data) and remote_file(located.path) is not None:
+        flag = "--check-values" if check_values else "--verify-data"
+        raise UsageError(
+            f"{located.path}: {flag} reads every byte of the checkpoint, which ranged reads from the Hub are not for;"
+            " download it first (hf download) and inspect the local copy"
+        )
     report = InspectReport(
         path=str(located.path), kind=located.kind.value, values_checked=check_values, data_checked=verify_data
     )
@@ -287,6 +294,11 @@ def _inspect_root(root: Path, report: InspectReport, tensors: bool) -> None:
                 ok,
                 f"last -> {report.last}{kind}" if ok else f"last -> {report.last}{kind}: not a step dir here",
             )
+        )
+    elif steps and remote_file(root) is not None:
+        shown = last.name if last is not None else None
+        report.checks.append(
+            Check.ok("last link", f"on the Hub, where an upload leaves 'last' out: the newest, {shown}")
         )
     elif steps:
         report.checks.append(Check.fail("last link", "no 'last' link next to the step dirs"))
@@ -441,7 +453,7 @@ def _save_files(paths: L.StepPaths, report: InspectReport, part: str | None) -> 
         return
     edited = save_files.edits(paths, saved)
     note = f"; edited since the save: {', '.join(edited)}" if edited else ""
-    report.checks.append(Check.ok("save files", save_files.describe(saved) + note))
+    report.checks.append(Check.ok("save files", save_files.describe(saved, paths) + note))
 
 
 def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:
@@ -847,6 +859,11 @@ def _archive_check(index: ChunkIndex, rel: str, notes: list[str]) -> Check:
     save that indexed them, or checked by an earlier look - they are not read again (a note
     says so; ``--no-cache`` reads them all).
     """
+    if remote_file(index.root) is not None:
+        return Check.ok(
+            f"{rel} chunk data",
+            "not read: the shards stay on the Hub (the sizes its listing gives hold every chunk); convert-dcp reads them",
+        )
     if index.archives_known_good():
         how = "as the save wrote them" if index.origin.source == "index" else "as an earlier look checked them"
         notes.append(f"{rel}: chunk archives {how}: every shard file's size and time unchanged since, not re-read")

@@ -18,6 +18,8 @@ from ckpt_tools.cli.app import EXIT_CODES_HELP, app, emit_json, handled
 from ckpt_tools.cli.options import EmaOpt, JsonOpt, NoCacheOpt, fresh_reads
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
+from ckpt_tools.hub.location import is_hub_path
+from ckpt_tools.hub.source import checkpoint_source
 from ckpt_tools.io.reader_lease import reading_path
 from ckpt_tools.units import human_bytes
 
@@ -65,10 +67,13 @@ Examples:
 @handled
 def convert_dcp_command(
     checkpoint: Annotated[
-        Path | None, typer.Argument(metavar="[CHECKPOINT_DIR]", help="Step dir, pretrained_model/ or DCP dir.")
+        str | None,
+        typer.Argument(
+            metavar="[CHECKPOINT_DIR]", help="Step dir, pretrained_model/ or DCP dir; local or hf://OWNER/REPO[/PATH]."
+        ),
     ] = None,
     checkpoint_dir: Annotated[
-        Path | None, typer.Option("--checkpoint-dir", "--checkpoint_dir", help="Same as CHECKPOINT_DIR.")
+        str | None, typer.Option("--checkpoint-dir", "--checkpoint_dir", help="Same as CHECKPOINT_DIR.")
     ] = None,
     output: Annotated[
         Path | None,
@@ -117,9 +122,10 @@ def convert_dcp_command(
     source = checkpoint_dir or checkpoint
     if source is None:
         raise UsageError("missing CHECKPOINT_DIR (or --checkpoint-dir)")
-    with fresh_reads(no_cache), reading_path(source, "convert-dcp"):
+    refuse_hub_source_options(source, output=output, delete_dcp=delete_dcp, push_to_hub=push_to_hub)
+    with fresh_reads(no_cache), checkpoint_source(source) as readable, reading_path(readable, "convert-dcp"):
         run_convert(
-            source,
+            readable,
             output=output,
             dtype=dtype,
             max_shard_size=max_shard_size,
@@ -135,6 +141,20 @@ def convert_dcp_command(
             quiet=quiet,
             ema=ema,
         )
+
+
+def refuse_hub_source_options(
+    source: str, *, output: Path | None, delete_dcp: bool, push_to_hub: str | None, output_flag: str = "--output"
+) -> None:
+    """A checkpoint on the Hub is only read: the conversion goes to a local output the user names."""
+    if not is_hub_path(source):
+        return
+    if delete_dcp:
+        raise UsageError(f"{source}: --delete-dcp deletes local shards; a checkpoint on the Hub is never changed")
+    if push_to_hub:
+        raise UsageError(f"{source}: convert to a local {output_flag} first, then push that folder")
+    if output is None:
+        raise UsageError(f"{source}: name a local {output_flag} (a checkpoint on the Hub is never written to)")
 
 
 def run_convert(

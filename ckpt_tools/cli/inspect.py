@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,7 +18,8 @@ INSPECT_HELP = """Show what a checkpoint holds and check its health - reads head
 
 PATH is a checkpoints root, a step dir, pretrained_model/, training_state/, a DCP dir, a
 single .safetensors file or a folder of them (torch's HF-storage pieces are shown as pieces of
-their tensors). Prints the formats present, PEFT or not, processors, the run's
+their tensors), local or on the Hugging Face Hub as hf://OWNER/REPO[@REVISION][/PATH] (only the
+JSON records, metadata and headers are downloaded, by ranged reads). Prints the formats present, PEFT or not, processors, the run's
 topology and batch factorization (training_step.json), parameters and bytes by dtype,
 per-rank shard sizes, and health checks: every file docs/checkpoint-format.md requires for the recorded
 format, metadata consistency, chunk coverage, file sizes, safetensors headers. --check-values
@@ -36,10 +36,12 @@ Examples:
   ckpt-tools inspect outputs/train/checkpoints/last --tensors
   ckpt-tools inspect outputs/train/checkpoints/005000/pretrained_model/pytorch_model_fsdp_0 --json
   ckpt-tools inspect model.safetensors
+  ckpt-tools inspect hf://alice/act-pick-place
   ckpt-tools inspect outputs/train/checkpoints/last --check-values
   ckpt-tools inspect outputs/train/checkpoints/last --verify-data
 
-Exit codes: 0 healthy; 1 a health check failed; 3 PATH is missing or not a checkpoint.
+Exit codes: 0 healthy; 1 a health check failed; 2 a malformed hf:// path; 3 PATH is missing or not a
+checkpoint; 5 the Hub or the network to it failed.
 """
 NONFINITE_SHOWN = 20  # tensors with NaN or inf listed in the text output
 RANKS_SHOWN = 8  # saving ranks listed per DCP directory in the text output
@@ -48,7 +50,7 @@ RANKS_SHOWN = 8  # saving ranks listed per DCP directory in the text output
 @app.command("inspect", help=INSPECT_HELP, no_args_is_help=True)
 @handled
 def inspect_command(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint path (see above).")],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="Checkpoint path, local or hf:// (see above).")],
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor: name, dtype, shape, chunks.")] = False,
     check_values: Annotated[
         bool,
@@ -78,11 +80,12 @@ def inspect_command(
     json_out: JsonOpt = False,
     no_cache: NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.inspect import inspect_path
 
-    with fresh_reads(no_cache):
+    with fresh_reads(no_cache), checkpoint_source(path) as source:
         report = inspect_path(
-            path, tensors=tensors, check_values=check_values, verify_data=verify_data, keep_last=keep_last
+            source, tensors=tensors, check_values=check_values, verify_data=verify_data, keep_last=keep_last
         )
     if json_out:
         emit_json(report.to_dict())

@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge pytorch_model_fsdp_0/ DCP shards into model.safetensors (alias of ckpt-tools convert-dcp).",
         epilog="Example: lerobot-convert-dcp --checkpoint_dir=outputs/train/checkpoints/last --delete_dcp=true",
     )
-    p.add_argument("--checkpoint_dir", "--checkpoint-dir", required=True, help="step dir or its pretrained_model/")
+    p.add_argument(
+        "--checkpoint_dir",
+        "--checkpoint-dir",
+        required=True,
+        help="step dir or its pretrained_model/; local or hf://OWNER/REPO[@REV][/PATH]",
+    )
     p.add_argument("--output", default=None, help="output directory (default: next to the shards)")
     p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: as saved)")
     p.add_argument("--max_shard_size", "--max-shard-size", default=None, help="e.g. 2GB")
@@ -65,25 +70,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 def convert_dcp_main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from ckpt_tools.cli.convert import run_convert
+    from ckpt_tools.cli.convert import refuse_hub_source_options, run_convert
+    from ckpt_tools.hub.source import checkpoint_source
 
+    output = Path(args.output) if args.output else None
     try:
-        run_convert(
-            Path(args.checkpoint_dir),
-            output=Path(args.output) if args.output else None,
-            dtype=args.dtype,
-            max_shard_size=args.max_shard_size,
-            what=args.what,
-            dry_run=args.dry_run,
+        refuse_hub_source_options(
+            args.checkpoint_dir,
+            output=output,
             delete_dcp=args.delete_dcp,
-            allow_unresumable=args.allow_unresumable,
-            overwrite=args.overwrite,
             push_to_hub=args.push_to_hub,
-            private=args.private,
-            json_out=args.json,
-            quiet=args.quiet,
-            ema=args.ema,
         )
+        with checkpoint_source(args.checkpoint_dir) as readable:
+            run_convert(
+                readable,
+                output=output,
+                dtype=args.dtype,
+                max_shard_size=args.max_shard_size,
+                what=args.what,
+                dry_run=args.dry_run,
+                delete_dcp=args.delete_dcp,
+                allow_unresumable=args.allow_unresumable,
+                overwrite=args.overwrite,
+                push_to_hub=args.push_to_hub,
+                private=args.private,
+                json_out=args.json,
+                quiet=args.quiet,
+                ema=args.ema,
+            )
     except CkptError as e:
         echo(f"error: {e}", err=True)
         raise SystemExit(int(e.exit_code)) from None

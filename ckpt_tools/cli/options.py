@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 _NPROC_HELP = "Processes of the resumed run (world size)."
 
 ResumeCheckpointArg = Annotated[
-    Path, typer.Argument(metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/.")
+    str,
+    typer.Argument(
+        metavar="CKPT", help="Checkpoints root, step dir or pretrained_model/; local or hf://OWNER/REPO[@REV][/PATH]."
+    ),
 ]
 NprocOpt = Annotated[int, typer.Option("--nproc", help=_NPROC_HELP)]
 OptionalNprocOpt = Annotated[int | None, typer.Option("--nproc", help=_NPROC_HELP)]

@@ -57,11 +57,12 @@ def reshard_plan_command(
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.resume.plan import plan_reshard
 
     request = opt.target_request(locals())
-    with opt.fresh_reads(no_cache):
-        plan = plan_reshard(checkpoint, request)
+    with opt.fresh_reads(no_cache), checkpoint_source(checkpoint) as source:
+        plan = plan_reshard(source, request)
     if json_out:
         emit_json(plan.to_dict())
     else:

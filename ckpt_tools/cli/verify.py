@@ -88,17 +88,18 @@ def verify_resume_command(
     json_out: opt.JsonOpt = False,
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
+    from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.io.reader_lease import reading_path
     from ckpt_tools.resume.verify import verify_load, verify_resume
 
     request = opt.target_request(locals())
     if load is not None:
         _refuse_resume_flags(locals())
-        with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
-            report = verify_load(checkpoint, load, fp16=mixed_precision == "fp16")
+        with opt.fresh_reads(no_cache), checkpoint_source(checkpoint) as source, reading_path(source, "verify-resume"):
+            report = verify_load(source, load, fp16=mixed_precision == "fp16")
     else:
-        with opt.fresh_reads(no_cache), reading_path(checkpoint, "verify-resume"):
-            report = verify_resume(checkpoint, request, config=config, strict=strict, build=not skip_build)
+        with opt.fresh_reads(no_cache), checkpoint_source(checkpoint) as source, reading_path(source, "verify-resume"):
+            report = verify_resume(source, request, config=config, strict=strict, build=not skip_build)
     if json_out:
         emit_json(report.to_dict())
     else:

@@ -29,6 +29,7 @@ from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.reader import ArchiveShape, ChunkLayout, read_chunk_archive
 from ckpt_tools.dcp.table import ChunkTable, row_hash
 from ckpt_tools.errors import CorruptCheckpoint
+from ckpt_tools.io.remote import pread
 from ckpt_tools.st import dtypes
 
 ARCHIVE_SLACK = 1 * 2**20  # what a transformed (zstd) span may expand to beyond its tensor bytes
@@ -51,12 +52,12 @@ def _header_bytes(fd: int, start: int, length: int, shape: ArchiveShape) -> byte
     """Head and tail of the span (everything but the storage data), or None on a short read."""
     head, tail_len = shape.data_start, length - shape.data_end
     if length <= SMALL_SPAN:
-        whole = os.pread(fd, length, start)
+        whole = pread(fd, length, start)
         if len(whole) != length:
             return None
         return whole[:head] + whole[shape.data_end :]
-    first = os.pread(fd, head, start)
-    last = os.pread(fd, tail_len, start + shape.data_end)
+    first = pread(fd, head, start)
+    last = pread(fd, tail_len, start + shape.data_end)
     if len(first) != head or len(last) != tail_len:
         return None
     return first + last
@@ -121,7 +122,7 @@ class ArchiveChecker:
         tb = self.table
         tensor_of = tb.tensor_of_row
         names, files, templates = tb.files, self.files, self._templates
-        pread, from_bytes = os.pread, int.from_bytes
+        from_bytes = int.from_bytes
         fast: dict[
             int, tuple[int, int, int, int, int, int]
         ] = {}  # kind -> (length, head, tail at, size, mask, expected)
@@ -250,7 +251,7 @@ def _stream(fds: list[int]) -> None:
 
 
 def _advise(fd: int, advice: str) -> None:
-    if hasattr(os, "posix_fadvise"):
+    if isinstance(fd, int) and hasattr(os, "posix_fadvise"):  # a remote file (the Hub) takes no advice
         with contextlib.suppress(OSError):  # advice only: a file system that takes none reads as before
             os.posix_fadvise(fd, 0, 0, getattr(os, advice))
 

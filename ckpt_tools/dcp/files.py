@@ -12,6 +12,7 @@ from typing import IO, Protocol
 
 from ckpt_tools.dcp import transforms
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.io.remote import RemoteHandle, as_path, pread, remote_file
 from ckpt_tools.io.safe_read import open_regular
 
 UNBOUNDED = 2**62
@@ -38,9 +39,10 @@ class ShardFiles:
     """
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = as_path(root)
         self._fds: dict[str, int] = {}
         self._undone: dict[tuple[str, int], tuple[IO[bytes], int]] = {}
+        self._remote: dict[str, RemoteHandle] = {}
 
     def span(self, item: Stored, *, limit: int) -> tuple[int, int, int]:
         """``(fd, offset, length)`` of ``item``'s original bytes.
@@ -73,21 +75,29 @@ class ShardFiles:
         """
         return self.span(item, limit=UNBOUNDED)[0]
 
-    def fd(self, relative: str) -> int:
-        fd = self._fds.get(relative)
-        if fd is None:
-            path = self.root / relative
-            try:
-                fd = open_regular(path, follow_symlinks=False)  # a FIFO swapped in must not block the read
-            except OSError as e:
-                raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
-            self._fds[relative] = fd
+    def fd(self, relative: str) -> int | RemoteHandle:
+        known: int | RemoteHandle | None = self._fds.get(relative)
+        if known is None:
+            known = self._remote.get(relative)
+        if known is not None:
+            return known
+        path = self.root / relative
+        remote = remote_file(path)
+        if remote is not None:  # on the Hub: ranged reads of what is asked for, nothing opened
+            handle = self._remote[relative] = RemoteHandle(remote)
+            return handle
+        try:
+            fd = open_regular(path, follow_symlinks=False)  # a FIFO swapped in must not block the read
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
+        self._fds[relative] = fd
         return fd
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._remote.clear()
         for tmp, _ in self._undone.values():
             tmp.close()
         self._undone.clear()
@@ -119,6 +129,10 @@ def listing(root: Path) -> dict[str, Listed]:
     A plain name listed here as a regular file, not a symlink, is inside ``root`` by construction.
     """
     out: dict[str, Listed] = {}
+    remote = remote_file(root)
+    if remote is not None:  # a directory on the Hub: its listing, no request
+        children = remote.remote_children() if root.is_dir() else {}
+        return {name: Listed(size, 0, True, False) for name, size in children.items() if size is not None}
     try:
         with os.scandir(root) as entries:
             for entry in entries:
@@ -140,12 +154,12 @@ def is_inside(root: Path, path: Path) -> bool:
         return False
 
 
-def pread_exact(fd: int, length: int, offset: int, *, what: str) -> bytes:
+def pread_exact(fd: int | RemoteHandle, length: int, offset: int, *, what: str) -> bytes:
     """``length`` bytes at ``offset``, or :class:`CorruptCheckpoint` if the file is shorter."""
     chunks = []
     got = 0
     while got < length:
-        data = os.pread(fd, length - got, offset + got)
+        data = pread(fd, length - got, offset + got)
         if not data:
             raise CorruptCheckpoint(f"{what}: file ends before the chunk data does (truncated file)")
         chunks.append(data)

@@ -34,6 +34,7 @@ from ckpt_tools.dcp.reader import ChunkLayout
 from ckpt_tools.dcp.table import TableBuilder, TableError
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
 from ckpt_tools.format.layout import SAFETENSORS_SUFFIX
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.io.safe_read import parse_json
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import SafetensorsHeader, read_header
@@ -130,7 +131,7 @@ def load(folder: str | os.PathLike[str]) -> HfStorage:
     Raises :class:`CheckpointError` for an unreadable file; sharding info that does not fit its
     entries is listed in ``problems`` (header problems in each header's).
     """
-    root = Path(folder)
+    root = as_path(folder)
     headers: list[SafetensorsHeader] = []
     pieces: dict[str, list[Piece]] = {}
     problems: list[str] = []

@@ -32,6 +32,7 @@ from ckpt_tools.dcp.files import Listed, is_inside, listing
 from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format.layout import DCP_INDEX, DCP_METADATA
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.st import dtypes
 
 _RANK_FILE_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -133,7 +134,7 @@ class RankShard:
 
 class ChunkIndex:
     def __init__(self, root: Path, table: ChunkTable, origin: sources.Origin | None = None) -> None:
-        self.root = Path(root)
+        self.root = as_path(root)
         self.table = table
         self.origin = origin or sources.Origin("metadata")
 
@@ -142,7 +143,7 @@ class ChunkIndex:
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ChunkIndex:
         """The index of a DCP directory; raises only if its metadata is unusable (or a symlink out)."""
-        root = Path(directory)
+        root = as_path(directory)
         if not root.is_dir():
             raise CheckpointError(f"{root}: not a directory")
         key = _memo_key(root)

@@ -125,20 +125,23 @@ def write_index(path: str | os.PathLike[str], table: ChunkTable, binding: Bindin
 
 def file_digest(path: str | os.PathLike[str]) -> str:
     """SHA-256 of a regular file, streamed: a 400 MB ``.metadata`` is never held in memory."""
+    from ckpt_tools.io.remote import RemoteHandle, pread, remote_file
     from ckpt_tools.io.safe_read import open_regular
 
-    fd = open_regular(path)
+    remote = remote_file(path)
+    fd: int | RemoteHandle = RemoteHandle(remote) if remote is not None else open_regular(path)  # Hub: by ranges
     try:
         digest = hashlib.sha256()
         offset = 0
         while True:
-            block = os.pread(fd, 16 << 20, offset)
+            block = pread(fd, 16 << 20, offset)
             if not block:
                 return digest.hexdigest()
             digest.update(block)
             offset += len(block)
     finally:
-        os.close(fd)
+        if isinstance(fd, int):
+            os.close(fd)
 
 
 # ====================================================================== reading

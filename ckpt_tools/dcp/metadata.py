@@ -51,6 +51,7 @@ from ckpt_tools.dcp.table import (
 )
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint, UnsafeCheckpoint, shown
 from ckpt_tools.format.layout import DCP_RANK_METADATA_RE
+from ckpt_tools.io.remote import RemoteFile, as_path, read_remote_whole, remote_file
 from ckpt_tools.io.safe_read import open_regular
 from ckpt_tools.st import dtypes
 
@@ -226,9 +227,9 @@ def load_metadata(directory: str | os.PathLike[str]) -> ChunkTable:
 
     Raises :class:`CheckpointError` subclasses only.
     """
-    path = Path(directory) / ".metadata"
+    path = as_path(directory) / ".metadata"
     if not path.exists() and not path.is_symlink():
-        ranks = rank_metadata_files(Path(directory))
+        ranks = rank_metadata_files(as_path(directory))
         if ranks:
             return union_tables([(str(p), parse_metadata_file(p)) for p in ranks])
         raise CheckpointError(f"{path}: missing - the DCP save did not complete (torch writes .metadata last)")
@@ -248,6 +249,9 @@ def parse_metadata_file(path: Path) -> ChunkTable:
     """One ``.metadata`` file, by the engine its size calls for (module docstring)."""
     if path.is_symlink() and not is_inside(path.parent, path):
         raise UnsafeCheckpoint(f"{path}: symlink leads outside the checkpoint directory")
+    remote = remote_file(path)
+    if remote is not None:  # on the Hub: read whole (it is small), parsed in this process
+        return _parse_remote(remote, path)
     try:
         fd = open_regular(path)  # a FIFO or a device is refused, never read
     except FileNotFoundError:
@@ -269,6 +273,18 @@ def parse_metadata_file(path: Path) -> ChunkTable:
         return parse_metadata(_read_all(fd, size, str(path)), what=str(path))
     finally:
         os.close(fd)
+
+
+def _parse_remote(remote: RemoteFile, path: Path) -> ChunkTable:
+    try:
+        data = read_remote_whole(remote, MAX_METADATA_BYTES, str(path))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path}: missing - the DCP save did not complete (torch writes .metadata last)"
+        ) from None
+    except OSError as e:
+        raise CorruptCheckpoint(f"{path}: unreadable ({e.strerror or e})") from None
+    return parse_metadata(data, what=str(path))
 
 
 def _isolated(size: int) -> bool:

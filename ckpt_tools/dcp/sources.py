@@ -35,6 +35,7 @@ from ckpt_tools.dcp.metadata import MAX_METADATA_BYTES, load_metadata
 from ckpt_tools.dcp.table import ChunkTable
 from ckpt_tools.errors import UnsafeCheckpoint
 from ckpt_tools.format.layout import DCP_INDEX, DCP_METADATA
+from ckpt_tools.io.remote import read_remote_whole, remote_file
 from ckpt_tools.io.safe_read import open_regular
 
 NO_CACHE_ENV = "CKPT_TOOLS_NO_CACHE"
@@ -85,7 +86,12 @@ class Origin:
         if now is None:
             return
         self.known_good.append(now)
-        if self.metadata is not None and self.identity is not None and _enabled(_use_cache):
+        if (
+            self.metadata is not None
+            and self.identity is not None
+            and _enabled(_use_cache)
+            and remote_file(self.metadata) is None
+        ):
             cache.remember_checked(self.metadata, self.identity, now)
 
 
@@ -114,23 +120,25 @@ def load_table(root: Path) -> tuple[ChunkTable, Origin]:
     except OSError:
         return load_metadata(root), Origin("metadata")  # it reports why
     ident = cache.identity(st)
+    # The cache knows a file by its inode and time: a file on the Hub has neither, so it is never cached.
+    use_cache = _enabled(_use_cache) and remote_file(root) is None
     note = None
     if _enabled(_use_index) and st.st_size <= MAX_METADATA_BYTES:
         found, note = _saved_index(root, path, st.st_size)
         if found is not None:
             table, stamps = found
             known = [stamps] if stamps is not None else []
-            checked = cache.checked_stamps(path, ident) if _enabled(_use_cache) else None
+            checked = cache.checked_stamps(path, ident) if use_cache else None
             if checked is not None:
                 known.append(checked)
             return table, Origin("index", path, ident, known)
-    if _enabled(_use_cache):
+    if use_cache:
         cached = cache.lookup(path, ident)
         if cached is not None:
             checked = cache.checked_stamps(path, ident)
             return cached, Origin("cache", path, ident, [checked] if checked else [], note)
     table = load_metadata(root)
-    if _enabled(_use_cache):
+    if use_cache:
         cache.store(path, ident, table)
     return table, Origin("metadata", path, ident, [], note)
 
@@ -162,6 +170,9 @@ def _saved_index(root: Path, metadata: Path, size: int) -> tuple[tuple[ChunkTabl
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
+    remote = remote_file(path)
+    if remote is not None:  # on the Hub: read whole by ranges (it is small)
+        return read_remote_whole(remote, limit, str(path))
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size

@@ -14,11 +14,11 @@ headers), so a small stream that claims to expand into gigabytes is refused, not
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Sequence
 from typing import IO, Any
 
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.io.remote import pread
 
 ZSTD = "stream.zstd"  # ZStandard.registry_name()
 ZSTD_PACKAGE = "zstandard"
@@ -61,7 +61,7 @@ class _Span(io.RawIOBase):
         n = min(len(b), self.end - self.pos)
         if n <= 0:
             return 0
-        data = os.pread(self.fd, n, self.pos)
+        data = pread(self.fd, n, self.pos)
         b[: len(data)] = data
         self.pos += len(data)
         return len(data)

@@ -10,11 +10,11 @@ hundred bytes of headers are read; member data is left where it is for the calle
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
 from ckpt_tools.errors import CorruptCheckpoint
+from ckpt_tools.io.remote import pread
 
 _EOCD_SIG = b"PK\x05\x06"
 _ZIP64_LOCATOR_SIG = b"PK\x06\x07"
@@ -57,14 +57,14 @@ class SpanReader:
         for base, data in self._windows:
             if base <= rel and rel + n <= base + len(data):
                 return data[rel - base : rel - base + n]
-        data = os.pread(self.fd, n, self.start + rel)
+        data = pread(self.fd, n, self.start + rel)
         if len(data) != n:
             raise CorruptCheckpoint(f"{self.what}: file is truncated (chunk span past end of file)")
         return data
 
     def prefetch(self, rel: int, n: int) -> None:
         n = max(0, min(n, self.length - rel))
-        data = os.pread(self.fd, n, self.start + rel)
+        data = pread(self.fd, n, self.start + rel)
         if len(data) != n:
             raise CorruptCheckpoint(f"{self.what}: file is truncated (chunk span past end of file)")
         self._windows.append((rel, data))

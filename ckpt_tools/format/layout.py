@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.remote import as_path, remote_file
 
 # Directories
 CHECKPOINTS_DIR = "checkpoints"
@@ -318,7 +319,17 @@ def resolve_last(checkpoints_root: Path) -> Path | None:
 
     ``last`` is a symlink, or a pointer file (:func:`read_last_pointer`, which refuses a hostile
     one with :class:`CheckpointError`); every reader of ``last``, trainer and tools, asks here.
+    On the Hub (a :class:`~ckpt_tools.io.remote.RemoteFile` root) there are no symlinks: ``last``
+    is a pointer file where the upload has one (``push --whole-run`` writes it), else the newest
+    step directory (an upload of a run leaves a symlink out; a commit is all or nothing).
     """
+    if remote_file(checkpoints_root) is not None:
+        pointer = checkpoints_root / LAST_LINK
+        if pointer.is_file():
+            target = checkpoints_root / read_last_pointer(pointer)
+            return target if target.is_dir() else None
+        steps = list_step_dirs(checkpoints_root)
+        return steps[-1] if steps else None
     link = checkpoints_root / LAST_LINK
     if link.is_file() and not link.is_symlink():
         target = checkpoints_root / read_last_pointer(link)
@@ -382,8 +393,12 @@ def _looks_like_step_dir(path: Path) -> bool:
 
 
 def locate(path: str | os.PathLike[str]) -> Located:
-    """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known."""
-    p = Path(path)
+    """Say what ``path`` is within the layout; raise :class:`CheckpointError` if nothing known.
+
+    ``path`` may be a :class:`~ckpt_tools.hub.hubpath.HubPath`: the same rules then run on the
+    repository's listing.
+    """
+    p = as_path(path)
     if not p.exists():
         raise CheckpointError(missing_path_message(p))
     if p.is_file():
@@ -487,7 +502,7 @@ def pretrained_model_dir(path: str | os.PathLike[str]) -> Path:
     that step's ``pretrained_model/`` (:func:`resolve_step`); any other path (a
     ``pretrained_model/``, a ``convert-dcp --output`` dir, something missing) is itself.
     """
-    p = Path(path).expanduser()
+    p = as_path(path).expanduser()
     try:
         kind = locate(p).kind
     except CheckpointError:

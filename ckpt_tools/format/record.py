@@ -24,10 +24,10 @@ import enum
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.io.safe_read import read_json_file
 
 SCHEMA_VERSION = 1
@@ -337,7 +337,7 @@ def _lerobot_derived(record: TrainingStep, derived: list[str]) -> TrainingStep:
 
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
-    p = Path(path)
+    p = as_path(path)
     data = read_json_file(p, missing="missing (every checkpoint's training_state/ has one)")
     try:
         return TrainingStep.from_dict(data)

@@ -24,6 +24,7 @@ from typing import Any
 from ckpt_tools.format import layout
 from ckpt_tools.format.ema import ema_enabled, schedule_from_config
 from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.io.remote import as_path, remote_file
 from ckpt_tools.io.safe_read import read_json_file
 
 
@@ -139,7 +140,8 @@ class SavedConfig:
         """The checkpoint step this file is in (``<step>/pretrained_model/train_config.json``), if any."""
         if self.path.name != layout.TRAIN_CONFIG or self.path.parent.name != layout.PRETRAINED_MODEL_DIR:
             return None
-        return layout.StepPaths(Path(os.path.abspath(self.path.parent.parent)))
+        step = self.path.parent.parent
+        return layout.StepPaths(step if remote_file(step) is not None else Path(os.path.abspath(step)))
 
     @property
     def run_dir(self) -> Path | None:
@@ -369,6 +371,6 @@ class SavedConfig:
 
 def read_saved_config(path: str | os.PathLike[str]) -> SavedConfig:
     """Parse ``train_config.json``; :class:`CheckpointError` when it is missing or not a JSON object."""
-    p = Path(path)
+    p = as_path(path)
     data = read_json_file(p, missing="missing (--resume reads the training config from it)", want_object=True)
     return SavedConfig(p, data)

@@ -24,6 +24,7 @@ from pathlib import Path
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout
 from ckpt_tools.io.dir_lock import DirLock, DirLocked, held_by_live_owner
+from ckpt_tools.io.remote import remote_file
 
 LEASE_PREFIX = ".reading-"
 LEASE_SUFFIX = ".lease"
@@ -93,6 +94,9 @@ def reading(step_dir: Path, command: str) -> Iterator[None]:
 def reading_path(path: Path, command: str) -> Iterator[None]:
     """:func:`reading` the step a user's path names (``last``, a run, a step, anything in one); a path
     that names no step is read without a lease, and the command reports it as it would have."""
+    if remote_file(path) is not None:  # a checkpoint on the Hub: a commit is immutable, no one prunes it
+        yield
+        return
     try:
         step_dir = layout.resolve_step(path).root
     except CkptError:

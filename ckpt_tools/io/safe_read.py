@@ -19,10 +19,10 @@ import errno
 import json
 import os
 import stat
-from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.io.remote import as_path, read_remote_whole, remote_file
 
 MAX_JSON_BYTES = 64 * 2**20  # a train_config.json is a few KB; an index json a few MB at most
 MAX_JSON_INT = 2**64  # |integer| < 2**64: what a uint64 / int64 loader can hold
@@ -57,7 +57,10 @@ def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) 
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The whole content of a regular file of at most ``limit`` bytes."""
+    """The whole content of a regular file of at most ``limit`` bytes (a remote one: by ranged reads)."""
+    remote = remote_file(path)
+    if remote is not None:
+        return read_remote_whole(remote, limit, str(path))
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
@@ -118,7 +121,7 @@ def _bounded_int(text: str) -> int:
 
 def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
     """A JSON file: ``OSError`` (missing, unreadable, not a file, too big) or ``ValueError`` (bad content)."""
-    return parse_json(read_text(Path(path), limit))
+    return parse_json(read_text(as_path(path), limit))
 
 
 def read_json_file(

@@ -32,6 +32,7 @@ from ckpt_tools.format.rules.startup import (
     world_refusals,
 )
 from ckpt_tools.format.train_config import SavedConfig
+from ckpt_tools.io.remote import remote_file
 
 # This tool's flag for each setting a start-up fix names.
 TOOL_FLAGS = {"dp_replicate": "--dp-replicate", "dp_shard": "--dp-shard", "checkpoint_format": "--checkpoint-format"}
@@ -198,7 +199,7 @@ def resolve_target(
         overridden=overridden,
         trainer=trainer,
         kind_refusal=kind,
-        output_dir=Path(request.output_dir) if request.output_dir else (config.run_dir if config is not None else None),
+        output_dir=Path(request.output_dir) if request.output_dir else _default_output_dir(config),
         overwrite_checkpoints=request.overwrite_checkpoints,
         settings=settings if config is not None else None,
     )
@@ -222,3 +223,9 @@ def _with_tool_flags(refusal: Refusal) -> str:
     if not refusal.fixes:
         return refusal.message
     return f"{refusal.message} (here: {' or '.join(fix.spell(TOOL_FLAGS, ' ') for fix in refusal.fixes)})"
+
+
+def _default_output_dir(config: SavedConfig | None) -> Path | None:
+    """Where the resume writes when not told: the checkpoint's own run; unknown for one on the Hub (never written to)."""
+    run = config.run_dir if config is not None else None
+    return None if run is None or remote_file(run) is not None else run

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
+from ckpt_tools.io.remote import RemoteFile, as_path, remote_file
 from ckpt_tools.io.safe_read import open_regular, parse_json
 from ckpt_tools.st import dtypes
 
@@ -57,17 +58,16 @@ class SafetensorsHeader:
 
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Parse the header; structural problems are listed in ``problems``, unreadable files raise."""
-    p = Path(path)
+    p = as_path(path)
     try:
-        with os.fdopen(open_regular(p), "rb") as f:  # a FIFO or device is refused, not waited on
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
-            if len(head) < 8:
-                raise CorruptCheckpoint(f"{p}: {size} bytes, too short for a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise CorruptCheckpoint(f"{p}: header length {n} does not fit in the file ({size} bytes)")
-            raw = f.read(n)
+        remote = remote_file(p)
+        if remote is not None:  # on the Hub: the header's two ranges, never the data
+            size, raw, n = _remote_header(remote, p)
+        else:
+            with os.fdopen(open_regular(p), "rb") as f:  # a FIFO or device is refused, not waited on
+                size = os.fstat(f.fileno()).st_size
+                n = _header_length(f.read(8), size, p)
+                raw = f.read(n)
     except FileNotFoundError:
         raise CheckpointError(f"{p}: missing") from None
     except OSError as e:
@@ -98,6 +98,26 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     data_len = size - 8 - n
     problems.extend(_layout_problems(entries.values(), data_len))
     return SafetensorsHeader(p, entries, metadata, 8 + n, size, tuple(f"{p.name}: {m}" for m in problems))
+
+
+def _header_length(head: bytes, size: int, p: Path) -> int:
+    """The header length the first 8 bytes announce, checked against the file's size."""
+    if len(head) < 8:
+        raise CorruptCheckpoint(f"{p}: {size} bytes, too short for a safetensors file")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise CorruptCheckpoint(f"{p}: header length {n} does not fit in the file ({size} bytes)")
+    return int(n)
+
+
+def _remote_header(remote: RemoteFile, p: Path) -> tuple[int, bytes, int]:
+    """Size, header bytes and header length of a file read by ranges: 8 bytes, then exactly the header."""
+    size = remote.remote_size()
+    n = _header_length(remote.remote_read(0, 8), size, p)
+    raw = remote.remote_read(8, n)
+    if len(raw) != n:
+        raise CorruptCheckpoint(f"{p}: header of {n} bytes announced, {len(raw)} read")
+    return size, raw, n
 
 
 def _entry(name: str, info: object, problems: list[str]) -> HeaderEntry | None:

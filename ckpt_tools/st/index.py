@@ -8,15 +8,15 @@ folder. ``inspect`` and ``push`` both read the index here, so both refuse the sa
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.remote import as_path
 from ckpt_tools.io.safe_read import read_json
 
 
 def read_index(path: str | os.PathLike[str]) -> dict[str, str]:
     """The ``weight_map`` (tensor name → shard file name); :class:`CheckpointError` in one line otherwise."""
-    p = Path(path)
+    p = as_path(path)
     try:
         doc = read_json(p)
     except (OSError, ValueError) as e:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpoint, UsageError, WriteError
 from ckpt_tools.io.fsutil import TempSibling, sync_now
+from ckpt_tools.io.remote import RemoteHandle
 from ckpt_tools.io.writeback import WritebackTracker
 
 ALIGNMENT = 8  # header padded with spaces so the data section starts 8-byte aligned
@@ -156,7 +157,7 @@ class StreamingWriter:
         if self._left:
             raise AssertionError(f"{self.specs[self._next - 1].name}: {self._left} bytes missing")
 
-    def copy_from(self, src_fd: int, src_offset: int, length: int, *, what: str) -> None:
+    def copy_from(self, src_fd: int | RemoteHandle, src_offset: int, length: int, *, what: str) -> None:
         """Append ``length`` bytes of ``src_fd`` starting at ``src_offset``, kernel-side when possible."""
         if length > self._left:
             raise AssertionError("more bytes than the tensor holds")
@@ -190,7 +191,7 @@ class StreamingWriter:
 
 
 def copy_range(
-    src_fd: int,
+    src_fd: int | RemoteHandle,
     src_offset: int,
     dst_fd: int,
     length: int,
@@ -205,6 +206,9 @@ def copy_range(
     file systems or the kernel refuse it, ``sendfile`` does the same, and a plain
     ``preadv``/``write`` loop over one reusable buffer is the last resort.
     """
+    if isinstance(src_fd, RemoteHandle):
+        _copy_remote(src_fd, src_offset, dst_fd, length, what=what, dest=dest)
+        return
     done = 0
     method = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
     while done < length:
@@ -226,6 +230,22 @@ def copy_range(
         if n == 0:
             raise CorruptCheckpoint(f"{what}: file ends before the chunk data does (truncated file)")
         done += n
+
+
+def _copy_remote(src: RemoteHandle, offset: int, dst_fd: int, length: int, *, what: str, dest: Path) -> None:
+    """Stream a span of a file on the Hub: one ranged read of at most :data:`COPY_BLOCK` bytes at a time."""
+    done = 0
+    while done < length:
+        data = src.pread(min(length - done, COPY_BLOCK), offset + done)
+        if not data:
+            raise CorruptCheckpoint(f"{what}: file ends before the chunk data does (truncated file)")
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(dst_fd, view) :]
+        except OSError as e:
+            raise WriteError(describe_os_error(dest, e)) from None
+        done += len(data)
 
 
 def _read_write(src_fd: int, offset: int, dst_fd: int, want: int, buffer: bytearray) -> int:

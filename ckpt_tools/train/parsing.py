@@ -26,6 +26,7 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.policy_path import adapter_refusal
 from ckpt_tools.format.rules.resume_output import auto_resume
 from ckpt_tools.format.train_config import absolute_path, read_saved_config
+from ckpt_tools.hub.location import is_hub_path
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train.config import TrainConfig
 from ckpt_tools.train.policies.configs import PolicyConfig
@@ -213,6 +214,8 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
             raise ConfigError(
                 "--resume=true needs --config_path=.../checkpoints/last/pretrained_model/train_config.json"
             )
+        if is_hub_path(config_path):
+            config_path = str(_fetched_step(config_path, args))
         try:
             step = layout.resolve_step(config_path)  # `last` → the step it points at, as the tools read it
         except CheckpointError as e:
@@ -238,6 +241,18 @@ def _parse(argv: list[str], notes: list[str]) -> tuple[TrainConfig, Path | None]
     cfg = _draccus_parse(args, base)
     cfg.record_absolute_paths()
     return cfg, None
+
+
+def _fetched_step(config_path: str, args: list[str]) -> Path:
+    """``--config_path=hf://...``: the step it names, downloaded and verified (:mod:`ckpt_tools.hub.fetch_step`)."""
+    if _peek(args, "output_dir") is None:
+        raise ConfigError(
+            f"--config_path={config_path}: name the local --output_dir the resumed run writes into"
+            " (a checkpoint on the Hub is never written to)"
+        )
+    from ckpt_tools.hub.fetch_step import fetch_step
+
+    return fetch_step(config_path)
 
 
 def _is_auto(value: str | None) -> bool:

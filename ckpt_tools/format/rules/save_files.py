@@ -65,6 +65,7 @@ from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_stamps
 from ckpt_tools.io import digest as full_digest
 from ckpt_tools.io.fsutil import atomic_write
+from ckpt_tools.io.remote import RemoteHandle, pread, remote_file
 from ckpt_tools.io.safe_read import open_regular, read_json_file
 
 SCHEMA = 2
@@ -208,8 +209,11 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
 
     ``bulk_share`` ``(r, n)``: sample the ends of every n-th bulk file from the r-th on (the
     trainer's ranks share the reads: each file is read once in the job, not once per rank);
-    None: bulk files by size only. Sizes and every other file are always checked whole.
+    None: bulk files by size only. Sizes and every other file are always checked whole. A step on
+    the Hub: bulk files by size only (the listing's), so that no check downloads from a shard.
     """
+    if remote_file(paths.root) is not None:
+        bulk_share = None
     out: list[str] = []
     bulk_seen = 0
     for rel, recorded in saved.files.items():
@@ -223,7 +227,7 @@ def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | N
     for directory in (paths.model_dcp, paths.optimizer_dcp):
         if not directory.is_dir():
             continue
-        for entry in os.scandir(directory):
+        for entry in directory.iterdir():  # a local directory or one on the Hub alike
             rel = f"{directory.relative_to(paths.root).as_posix()}/{entry.name}"
             dcp_file = entry.name.endswith(L.DCP_SHARD_SUFFIX) or entry.name == L.DCP_METADATA
             if dcp_file and rel not in saved.files:
@@ -277,7 +281,7 @@ def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool, s
     ``digest``: compare the content (and the stamp, against ``save_id``) too, not only the size."""
     path = paths.root / rel
     try:
-        st = os.lstat(path)
+        st = path.lstat()
     except FileNotFoundError:
         return []  # a missing part is the manifest's concern; a deleted converted-away shard is fine
     except OSError as e:
@@ -301,10 +305,13 @@ def summary(paths: StepPaths, found: list[str]) -> str:
     return f"{paths.root}: files that are not from the save that wrote this step ({shown})"
 
 
-def describe(saved: SaveFiles | None) -> str:
+def describe(saved: SaveFiles | None, paths: StepPaths | None = None) -> str:
+    """The record in one line; ``paths`` on the Hub: bulk files were compared by size only (see :func:`problems`)."""
     if saved is None:
         return "no record of the save's files (not written by ckpt-train): only the counters tie its files together"
     bulk = sum(f.sampled for f in saved.files.values())
+    on_hub = paths is not None and remote_file(paths.root) is not None
+    ends = "size (on the Hub: their ends are not downloaded)" if on_hub else "size and both ends"
     full = sum(f.verifiable for f in saved.files.values())
     every_byte = (
         "every byte digested (inspect --verify-data)"
@@ -315,7 +322,7 @@ def describe(saved: SaveFiles | None) -> str:
     )
     return (
         f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
-        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by size and both ends; {every_byte})"
+        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by {ends}; {every_byte})"
     )
 
 
@@ -363,20 +370,22 @@ def _digest(path: Path, size: int, sampled: bool) -> str:
     ``size`` is what the caller saw; a whole-file digest reads at most :data:`DIGEST_LIMIT` + 1
     bytes, so a record cannot make a check read a huge file end to end.
     """
-    fd = open_regular(path)
+    remote = remote_file(path)
+    fd: int | RemoteHandle = RemoteHandle(remote) if remote is not None else open_regular(path)  # Hub: by ranges
     try:
         h = hashlib.blake2b(digest_size=16)
         if sampled:
-            h.update(os.pread(fd, SAMPLE, 0))
-            h.update(os.pread(fd, SAMPLE, max(0, size - SAMPLE)))
+            h.update(pread(fd, SAMPLE, 0))
+            h.update(pread(fd, SAMPLE, max(0, size - SAMPLE)))
         else:
-            left = DIGEST_LIMIT + 1
-            while left > 0 and (chunk := os.read(fd, min(_READ, left))):
+            done = 0
+            while done <= DIGEST_LIMIT and (chunk := pread(fd, min(_READ, DIGEST_LIMIT + 1 - done), done)):
                 h.update(chunk)
-                left -= len(chunk)
+                done += len(chunk)
         return h.hexdigest()
     finally:
-        os.close(fd)
+        if isinstance(fd, int):
+            os.close(fd)
 
 
 def encode(doc: dict[str, Any]) -> bytes:

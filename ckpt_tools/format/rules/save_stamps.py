@@ -17,7 +17,6 @@ unknown keys. The readers of the stamped JSON records drop or declare the key.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ckpt_tools.errors import CkptError
@@ -34,7 +33,7 @@ def stamped_id(path: Path) -> str | None:
             from ckpt_tools.st.header import read_header
 
             return _string(read_header(path).metadata.get(KEY))
-        if path.suffix == ".json" and os.path.getsize(path) <= _JSON_LIMIT:
+        if path.suffix == ".json" and path.stat().st_size <= _JSON_LIMIT:
             from ckpt_tools.io.safe_read import read_json_file
 
             doc = read_json_file(path)

@@ -38,6 +38,7 @@ from ckpt_tools.format.rules import (
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.resume_output import check_output
 from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.io.remote import remote_file
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.resume.source import Container, ResumeSource, SavedTensor
 from ckpt_tools.resume.target import ResumeTarget
@@ -119,6 +120,14 @@ def _build_checks(source: ResumeSource, target: ResumeTarget) -> list[Check]:
     against it (:func:`ckpt_tools.train.preflight.build_checks`); only where torch is installed."""
     if _lerobot(target) or source.config is None or target.topology is None:
         return []  # LeRobot builds its own policy; a refused topology stops before any build
+    if remote_file(source.paths.root) is not None:
+        return [
+            Check.ok(
+                "policy-builds",
+                "not run: the checkpoint is on the Hub, and the build (dataset, policy, load plan) reads its files"
+                " locally; ckpt-train --checkpoint.resume_from=hf://... downloads them and runs it",
+            )
+        ]
     if not (_importable("torch") and _importable("draccus")):
         return [
             Check.ok(
@@ -223,7 +232,7 @@ def _save_files(source: ResumeSource, target: ResumeTarget) -> Check:
     if not found:
         edited = save_files.edits(source.paths, saved) if saved is not None else []
         note = f"; edited since the save (the resume uses the edits): {', '.join(edited)}" if edited else ""
-        return Check.ok("save-files", save_files.describe(saved) + note)
+        return Check.ok("save-files", save_files.describe(saved, source.paths) + note)
     line = save_files.summary(source.paths, found)
     if _lerobot(target):  # it loads them: the run goes on, not from the state that was saved
         return Check.warn("save-files", f"{line}; lerobot-train does not check and would resume from a mixed state")

@@ -22,6 +22,9 @@ Endpoints (``{repo}`` is ``namespace/name``; model repos, dataset repos under ``
     PUT  /_lfs/{ticket}                             the upload "presigned URL": raw bytes, no auth header
     HEAD|GET /{prefix}{repo}/resolve/{rev}/{path}   X-Repo-Commit, ETag, Content-Length; Range; X-Error-Code
 
+Each recorded request keeps the bytes of the answer body it was sent (``sent``);
+:meth:`HubServer.bytes_sent` sums them, so a test can say how much a client downloaded.
+
 Fault knobs (:class:`Faults`, route names as in :data:`ROUTES`): ``fail`` answers a status
 (default 500) instead of handling the request, ``hang`` holds the answer until
 :meth:`Faults.release` (or a safety cap), ``drop`` closes the connection without answering,
@@ -46,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -93,11 +97,11 @@ class StoredFile:
     content: bytes
     lfs: bool
 
-    @property
+    @cached_property  # once per file: a ranged read of a 256 MiB file must not hash all of it again
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
-    @property
+    @cached_property
     def oid(self) -> str:
         """What preupload reports as the file's current oid (sha256 for LFS, git blob oid otherwise)."""
         return self.sha256 if self.lfs else git_blob_oid(self.content)
@@ -159,6 +163,7 @@ class RecordedRequest:
     status: int
     user: str | None
     had_auth_header: bool
+    sent: int = 0  # bytes of the answer's body written to the client (what a download cost)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -352,6 +357,10 @@ class HubServer:
     def requests_for(self, route: str) -> list[RecordedRequest]:
         return [r for r in self.requests if r.route == route]
 
+    def bytes_sent(self, route: str | None = None) -> int:
+        """Bytes of answer bodies written to clients (of ``route`` only, when given): what downloads cost."""
+        return sum(r.sent for r in self.requests if route is None or r.route == route)
+
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         with self.state.lock:
             return self.state.repos[(repo_type, repo_id)]
@@ -419,6 +428,9 @@ class _Reply(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm each small answer would wait
+    # for the client's delayed ACK (40 ms), which a client making hundreds of ranged reads pays for each.
+    disable_nagle_algorithm = True
     server_handle: HubServer  # set on the bound subclass
 
     # -- plumbing -----------------------------------------------------------------------
@@ -511,7 +523,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
-            record = RecordedRequest(route, self.command, path, query, headers, body, status, user, had_auth)
+            sent = getattr(self, "_sent", 0)
+            self._sent = 0
+            record = RecordedRequest(route, self.command, path, query, headers, body, status, user, had_auth, sent)
             with self.state.lock:
                 self.state.requests.append(record)
 
@@ -533,6 +547,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+                self._sent = len(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

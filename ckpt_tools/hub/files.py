@@ -1,5 +1,6 @@
-"""What a Hub push uploads from a local folder, decided before any network traffic.
+"""What a weights push (the default) uploads from a local folder, decided before any network traffic.
 
+(``--whole-step`` / ``--whole-run`` publish whole checkpoints instead: :mod:`ckpt_tools.hub.whole_step`.)
 A model repo gets the top-level ``*.safetensors``, ``*.json`` and ``*.md`` files of a
 converted ``pretrained_model/`` (or of a convert output directory) and nothing else: never
 the DCP shard directories, never ``training_state/``, never hidden files (a save or a

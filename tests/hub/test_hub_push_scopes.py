@@ -19,6 +19,7 @@ import pytest
 
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules import save_files
+from ckpt_tools.hub.local_paths import neutralize_json
 from devtools.procs import REPO, free_port, run_cli
 from devtools.training import FIXTURE_DATASET, LAYOUTS, assert_tensors_equal, gathered_weights, ok, train
 from tests.support.hub_fixtures import HubEndpoint
@@ -31,8 +32,10 @@ def _push(hub: HubEndpoint, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _local_paths(runs: dict[str, Path]) -> list[bytes]:
-    """Absolute paths of this machine a published file could leak: the runs' dir, the checkout, home."""
-    found = {str(runs["fsdp"].parent), str(runs["fsdp"].parent.resolve()), str(REPO), str(Path.home())}
+    """What of this machine a published file could leak: the runs' dir, the checkout, home - whole, and
+    the runs' own directory names (torch pickles a path as its parts) and a save's partial dir name."""
+    base = runs["fsdp"].parent
+    found = {str(base), str(base.resolve()), str(REPO), str(Path.home()), base.name, base.parent.name, ".partial"}
     return sorted(p.encode() for p in found)
 
 
@@ -86,6 +89,29 @@ def test_default_push_publishes_the_weights_alone(hub: HubEndpoint, runs: dict[s
     card = published["README.md"].decode()
     assert "## Local paths" in card and "`dataset.root`, `output_dir`" in card
     _assert_no_local_path(published, runs)
+
+
+def test_local_paths_of_every_form_are_published_as_null(tmp_path: Path) -> None:
+    config = {
+        "dataset": {"repo_id": "alice/pick", "root": "/home/alice/data/pick"},
+        "output_dir": "/Users/bob/outputs/run",
+        "policy": {"path": "C:\\Users\\carol\\act", "repo_id": "alice/act"},
+        "notes": ["~/scratch", "relative/dir", "/"],
+    }
+    (tmp_path / "train_config.json").write_text(json.dumps(config, indent=4))
+    copy = neutralize_json(tmp_path / "train_config.json")
+    assert copy is not None
+    assert copy.fields == ("dataset.root", "output_dir", "policy.path", "notes[0]")
+    assert copy.content == {
+        "dataset": {"repo_id": "alice/pick", "root": None},
+        "output_dir": None,
+        "policy": {"path": None, "repo_id": "alice/act"},
+        "notes": [None, "relative/dir", "/"],
+    }
+    assert json.loads(copy.data) == copy.content and copy.data.startswith(b'{\n    "dataset"')
+    assert json.loads((tmp_path / "train_config.json").read_text()) == config  # the local file is untouched
+    (tmp_path / "config.json").write_text('{"type": "act"}')
+    assert neutralize_json(tmp_path / "config.json") is None  # nothing local: published as it is
 
 
 def test_a_dcp_only_step_says_how_to_get_weights(hub: HubEndpoint, runs: dict[str, Path]) -> None:

@@ -10,8 +10,8 @@ relative, and where a download puts it.
 
 The pickle is rewritten opcode by opcode (:func:`pickletools.genops`: read, never executed):
 the strings of the path are replaced and everything else is copied as it is. The memo stays
-as it was - the path keeps its number of parts (the first holds the new path, the others are
-empty, which a path ignores) - and FRAME opcodes, mere length hints that would no longer
+as it was - the path keeps its number of parts (the last holds the new path, the ones before
+it are empty, which ``pathlib`` and ``os.path.join`` both ignore) - and FRAME opcodes, mere length hints that would no longer
 match, are left out (framing is optional for every unpickler). A metadata whose path is laid
 out otherwise, or whose path strings are referred to again later, is not rewritten: the caller
 refuses to publish it rather than publish the path.
@@ -56,13 +56,12 @@ def relocated_metadata(data: bytes, published_dir: str) -> bytes | None:
     if replaced is None:
         return None
     out = bytearray()
-    first = True
+    last = max(replaced)
     for i, (name, _arg, pos, end) in enumerate(spans):
         if name == "FRAME":
             continue
         if i in replaced:
-            out += _string_op(published_dir if first else "")
-            first = False
+            out += _string_op(published_dir if i == last else "")
         else:
             out += data[pos:end]
     return bytes(out)

@@ -11,12 +11,14 @@ absolute path (the run's directory, this checkout's dataset path, the home direc
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ckpt_tools.dcp.metadata import parse_metadata
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.hub.local_paths import neutralize_json
@@ -123,6 +125,34 @@ def test_a_dcp_only_step_says_how_to_get_weights(hub: HubEndpoint, runs: dict[st
     assert not hub.server.requests  # refused before any request
 
 
+def test_whole_pushes_refuse_what_cannot_be_published_before_any_request(
+    hub: HubEndpoint, runs: dict[str, Path], tmp_path: Path
+) -> None:
+    step = runs["fsdp"] / layout.CHECKPOINTS_DIR / STEP
+
+    def refused(*args: str, code: int) -> str:
+        proc = _push(hub, *args, "--repo-id", "alice/act-refused")
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        return proc.stderr
+
+    assert "give one" in refused(str(step), "--whole-step", "--whole-run", code=2)
+    assert "--whole-run needs a run's output dir" in refused(str(step), "--whole-run", code=2)
+    # A step whose files are not its save's (a byte of the RNG state changed) is not published.
+    copy = tmp_path / "run" / layout.CHECKPOINTS_DIR / STEP
+    shutil.copytree(step, copy)
+    rng = copy / layout.TRAINING_STATE_DIR / layout.RNG_STATE
+    data = bytearray(rng.read_bytes())
+    data[-1] ^= 0xFF
+    rng.write_bytes(bytes(data))
+    line = refused(str(copy), "--whole-step", code=3)
+    assert "files that are not from the save that wrote this step" in line and "refusing to publish it" in line
+    rng.write_bytes((step / layout.TRAINING_STATE_DIR / layout.RNG_STATE).read_bytes())
+    (copy / layout.PRETRAINED_MODEL_DIR / "extra.json").symlink_to(step / layout.PRETRAINED_MODEL_DIR / "config.json")
+    assert "not a regular file" in refused(str(copy), "--whole-step", code=3)
+    assert not hub.server.requests
+
+
 @pytest.fixture
 def published_step(hub: HubEndpoint, runs: dict[str, Path], tmp_path: Path) -> Path:
     """Step 4 of the FSDP run pushed with --whole-step, then downloaded: the downloaded run dir."""
@@ -152,6 +182,11 @@ def test_whole_step_downloads_as_a_checkpoint_the_tools_and_the_trainer_resume(
     assert record is not None and record.published_copy[config] == ("dataset.root", "output_dir")
     assert set(record.published_copy) == {config, *metadata}
     assert record.save_id == save_files.read(layout.StepPaths(local)).save_id  # type: ignore[union-attr]
+    # torch's checkpoint_id (the local dir the save wrote to) is the directory's place in the run.
+    for directory in dcp:
+        table = parse_metadata(published[f"{prefix}{directory}/{layout.DCP_METADATA}"])
+        assert table.checkpoint_id == f"{prefix}{directory}"
+        assert table.save_id == record.save_id
 
     inspected = run_cli("inspect", str(downloaded), no_torch=True)
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,10 +55,15 @@ class Neutralized:
 
 
 def neutralize_json(path: Path) -> Neutralized | None:
-    """The published copy of the JSON file ``path``; None when it holds no local absolute path (published as is)."""
+    """The published copy of the JSON file ``path``; None when it holds no local absolute path (published as is).
+
+    Replaced: every string that is an absolute path, and every string that names this
+    machine's home directory anywhere in it (``file:///home/alice/...``, ``--root=/home/alice/...``).
+    """
     doc = read_json_file(path)
     fields: list[str] = []
-    published = _replace(doc, "", fields)
+    home = str(Path.home())
+    published = _replace(doc, "", fields, home + os.sep if len(home) > 1 else None)
     if not fields:
         return None
     indent = _indent_of(path)
@@ -78,14 +84,14 @@ def local_strings(value: Any) -> Iterator[str]:
             yield from local_strings(item)
 
 
-def _replace(value: Any, dotted: str, fields: list[str]) -> Any:
-    if isinstance(value, str) and is_local_path(value):
+def _replace(value: Any, dotted: str, fields: list[str], home: str | None) -> Any:
+    if isinstance(value, str) and (is_local_path(value) or (home is not None and home in value)):
         fields.append(dotted or "(the whole file)")
         return NEUTRAL
     if isinstance(value, dict):
-        return {k: _replace(v, f"{dotted}.{k}" if dotted else str(k), fields) for k, v in value.items()}
+        return {k: _replace(v, f"{dotted}.{k}" if dotted else str(k), fields, home) for k, v in value.items()}
     if isinstance(value, list):
-        return [_replace(v, f"{dotted}[{i}]", fields) for i, v in enumerate(value)]
+        return [_replace(v, f"{dotted}[{i}]", fields, home) for i, v in enumerate(value)]
     return value
 
 

@@ -98,17 +98,17 @@ def test_local_paths_of_every_form_are_published_as_null(tmp_path: Path) -> None
         "dataset": {"repo_id": "alice/pick", "root": "/home/alice/data/pick"},
         "output_dir": "/Users/bob/outputs/run",
         "policy": {"path": "C:\\Users\\carol\\act", "repo_id": "alice/act"},
-        "notes": ["~/scratch", "relative/dir", "/"],
+        "notes": ["~/scratch", "relative/dir", "/", f"file://{Path.home()}/notes.txt"],
     }
     (tmp_path / "train_config.json").write_text(json.dumps(config, indent=4))
     copy = neutralize_json(tmp_path / "train_config.json")
     assert copy is not None
-    assert copy.fields == ("dataset.root", "output_dir", "policy.path", "notes[0]")
+    assert copy.fields == ("dataset.root", "output_dir", "policy.path", "notes[0]", "notes[3]")
     assert copy.content == {
         "dataset": {"repo_id": "alice/pick", "root": None},
         "output_dir": None,
         "policy": {"path": None, "repo_id": "alice/act"},
-        "notes": [None, "relative/dir", "/"],
+        "notes": [None, "relative/dir", "/", None],
     }
     assert json.loads(copy.data) == copy.content and copy.data.startswith(b'{\n    "dataset"')
     assert json.loads((tmp_path / "train_config.json").read_text()) == config  # the local file is untouched

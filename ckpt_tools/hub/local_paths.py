@@ -119,7 +119,7 @@ def with_published_copies(plan: PublishPlan) -> PublishPlan:
     def publish_copy(i: int, data: bytes, content: Any, fields: tuple[str, ...]) -> None:
         f = files[i]
         files[i] = dataclasses.replace(f, size=len(data), data=data, rewritten=fields)
-        step = _step_of(f.path)
+        step = _step_of(f)
         if step is not None:
             copies.setdefault(step, {})[f.path.relative_to(step).as_posix()] = (data, content, fields)
 
@@ -134,7 +134,7 @@ def with_published_copies(plan: PublishPlan) -> PublishPlan:
             for j, data, fields in _relocated_dcp(f, files, by_name):
                 publish_copy(j, data, None, fields)
     for i, f in enumerate(files):
-        step = _step_of(f.path) if _is_record(f.path) else None
+        step = _step_of(f) if _is_record(f.path) else None
         if step is not None and step in copies:
             record = save_files.published_copy(layout.StepPaths(step), copies[step])
             fields = tuple(sorted(copies[step]))
@@ -173,9 +173,14 @@ def _is_record(path: Path) -> bool:
     return path.name == layout.SAVE_FILES and path.parent.name == layout.TRAINING_STATE_DIR
 
 
-def _step_of(path: Path) -> Path | None:
-    """The step directory ``path`` (a file under its pretrained_model/ or training_state/) is in."""
-    for parent in path.parents:
-        if parent.name in (layout.PRETRAINED_MODEL_DIR, layout.TRAINING_STATE_DIR):
-            return parent.parent
-    return None
+def _step_of(f: PublishFile) -> Path | None:
+    """The local step directory of a file a whole push publishes at ``checkpoints/<step>/<rel>``.
+
+    Read from where the file goes in the repo, not from folder names, so every folder of a
+    step (``pretrained_model/``, ``training_state/``, any other the trainer writes) is covered.
+    None for a file of a weights push, whose step record is not published.
+    """
+    parts = f.name.split("/")
+    if len(parts) < 3 or parts[0] != layout.CHECKPOINTS_DIR:
+        return None
+    return f.path.parents[len(parts) - 3]

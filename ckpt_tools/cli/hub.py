@@ -113,6 +113,8 @@ def push(
         echo(f"  {f.path:<48} {human_bytes(f.size):>10}{'  (generated model card)' if f.generated else ''}")
     if result.skipped:
         echo(f"  not uploaded: {', '.join(result.skipped)}")
+    if result.rewritten:
+        echo(f"  published as copies without local paths: {', '.join(result.rewritten)}")
     echo(f"  {result.commit_url}")
 
 

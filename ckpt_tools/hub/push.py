@@ -124,6 +124,7 @@ class PushResult:
     files: tuple[UploadedFile, ...]
     skipped: tuple[str, ...]  # top-level entries of the folder that were not uploaded
     card: str  # "generated", "user" (the folder's README.md) or "none"
+    rewritten: tuple[str, ...] = ()  # files published as copies without local paths (hub.local_paths)
 
     @property
     def total_bytes(self) -> int:
@@ -368,6 +369,7 @@ def _push(
         files=uploaded,
         skipped=plan.skipped,
         card="generated" if card is not None else ("user" if plan.has_readme else "none"),
+        rewritten=tuple(f.name for f in plan.rewritten),
     )
 
 

@@ -202,8 +202,15 @@ def test_whole_step_downloads_as_a_checkpoint_the_tools_and_the_trainer_resume(
 
 def test_whole_run_publishes_every_step_and_last_as_a_pointer_file(hub: HubEndpoint, runs: dict[str, Path]) -> None:
     root = runs["fsdp"] / layout.CHECKPOINTS_DIR
-    proc = _push(hub, str(runs["fsdp"]), "--repo-id", "alice/act-run", "--whole-run", "--json")
+    proc = _push(hub, str(runs["fsdp"]), "--repo-id", "alice/act-run", "--whole-run")
     assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        lines[0].startswith(f"Pushed {len(_step_files(root / STEP)) * 2 + 2} file(s)")
+        and "to alice/act-run" in lines[0]
+    )
+    copies = next(line for line in lines if line.startswith("  published as copies without local paths: "))
+    assert f"{layout.CHECKPOINTS_DIR}/000008/{layout.PRETRAINED_MODEL_DIR}/{layout.TRAIN_CONFIG}" in copies
     published = hub.server.files("alice/act-run")
     expected = {
         f"{layout.CHECKPOINTS_DIR}/{s.name}/{rel}" for s in layout.list_step_dirs(root) for rel in _step_files(s)

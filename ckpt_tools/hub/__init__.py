@@ -19,11 +19,22 @@ Nothing here imports ``huggingface_hub`` at module level, so CLI start-up stays 
 """
 
 from ckpt_tools.hub.card import build_model_card
-from ckpt_tools.hub.files import PublishFile, PublishPlan, plan_publish, resolve_publish_folder
+from ckpt_tools.hub.files import (
+    WEIGHTS,
+    WHOLE_RUN,
+    WHOLE_STEP,
+    PublishFile,
+    PublishPlan,
+    plan_publish,
+    resolve_publish_folder,
+)
 from ckpt_tools.hub.publish import PublishResult, publish_checkpoint
 from ckpt_tools.hub.push import HubPushError, PushResult, UploadedFile, check_repo_id, push_to_hub
 
 __all__ = [
+    "WEIGHTS",
+    "WHOLE_RUN",
+    "WHOLE_STEP",
     "HubPushError",
     "PublishFile",
     "PublishPlan",

@@ -132,8 +132,8 @@ def _print_dry_run(plan: dict[str, Any], json_out: bool) -> None:
     if plan["skipped"]:
         echo(f"  not uploaded: {', '.join(plan['skipped'])}")
     for name, copy in plan["rewritten"].items():
-        echo(f"--- {name} (published copy: local paths set to null in {', '.join(copy['fields'])}) ---")
-        for line in (copy["content"] or "(binary: DCP metadata, its checkpoint_id made relative)").splitlines():
+        echo(f"--- {name} ({copy['change']}) ---")
+        for line in (copy["content"] or "(binary: the DCP metadata pickle, otherwise as saved)").splitlines():
             echo(line)
     if plan["card"] is not None:
         echo("--- README.md (generated model card) ---")

@@ -60,8 +60,16 @@ class PublishFile:
         if self.data is None:
             return str(self.path)
         if self.rewritten:
-            return f"{self.path} (copy: local paths set to null in {', '.join(self.rewritten)})"
+            return f"{self.path} ({self.rewrite})"
         return "generated"
+
+    @property
+    def rewrite(self) -> str:
+        """What the published copy changed (JSON: paths set to null; DCP metadata: its checkpoint_id)."""
+        fields = ", ".join(self.rewritten)
+        if self.name.endswith(".json"):
+            return f"copy: local paths set to null in {fields}"
+        return f"copy: {fields} made the directory's place in the repo"
 
     def read_published(self) -> bytes:
         """The bytes that are published (small files only: JSON, Markdown)."""

@@ -275,6 +275,7 @@ def dry_run(upload: PreparedPush) -> dict[str, Any]:
         "rewritten": {
             f.name: {
                 "fields": list(f.rewritten),
+                "change": f.rewrite,
                 "content": f.read_published().decode("utf-8") if f.name.endswith(".json") else None,
             }
             for f in plan.rewritten

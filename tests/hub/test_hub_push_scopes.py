@@ -238,6 +238,8 @@ def test_dry_run_contacts_nothing_and_shows_files_copies_and_card(
     sources = {f["path"]: f["source"] for f in plan["files"]}
     assert set(sources) == {f"{layout.CHECKPOINTS_DIR}/{STEP}/{n}" for n in _step_files(step)} | {"README.md"}
     assert sources[config].endswith("(copy: local paths set to null in dataset.root, output_dir)")
+    metadata = f"{layout.CHECKPOINTS_DIR}/{STEP}/{layout.PRETRAINED_MODEL_DIR}/{layout.MODEL_DCP_DIR}/.metadata"
+    assert sources[metadata].endswith("(copy: storage_meta.checkpoint_id made the directory's place in the repo)")
     weights = f"{layout.CHECKPOINTS_DIR}/{STEP}/{layout.PRETRAINED_MODEL_DIR}/{layout.MODEL_WEIGHTS}"
     assert sources[weights] == str(step / layout.PRETRAINED_MODEL_DIR / layout.MODEL_WEIGHTS)
     copy = json.loads(plan["rewritten"][config]["content"])

@@ -23,7 +23,8 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.manifest import is_peft
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, read_training_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
-from ckpt_tools.hub.files import PublishPlan
+from ckpt_tools.hub.files import WEIGHTS, PublishPlan
+from ckpt_tools.hub.local_paths import is_local_path
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.units import human_bytes, human_count
 
@@ -50,7 +51,7 @@ def public_name(value: str) -> str:
     """``value`` if it is safe to show publicly (a Hub id, a plain name); a local path becomes its basename."""
     if _HUB_ID_RE.match(value) and ".." not in value and not Path(value).exists():
         return value
-    if _is_absolute(value) or "/" in value or "\\" in value:
+    if is_local_path(value) or "/" in value or "\\" in value:
         name = PureWindowsPath(value).name if "\\" in value else PurePath(value).name
         return f"{name or '?'} (local path)"
     return value
@@ -221,11 +222,11 @@ def _body(facts: _Facts, repo_id: str) -> str:
         "",
         *(f"- `{f.name}` ({human_bytes(f.size)})" for f in facts.plan.files),
         "",
+        *_local_paths(facts.plan),
         "## Use",
         "",
         "```bash",
-        f"hf download {repo_id}",
-        f"ckpt-train --policy.path={repo_id} ...   # start a new run from these weights",
+        *_use(facts, repo_id),
         "```",
         "",
     ]
@@ -234,9 +235,39 @@ def _body(facts: _Facts, repo_id: str) -> str:
     return "\n".join(out)
 
 
+def _use(facts: _Facts, repo_id: str) -> list[str]:
+    """How to use what was published: load the weights, or resume the published step(s)."""
+    plan = facts.plan
+    if plan.scope == WEIGHTS:
+        return [
+            f"hf download {repo_id}",
+            f"ckpt-train --policy.path={repo_id} ...   # start a new run from these weights",
+        ]
+    step = plan.folder.parent.name  # the step the card describes: the published one, or the run's last
+    return [
+        f"hf download {repo_id} --local-dir run   # a run directory: run/checkpoints/{step}/",
+        f"ckpt-train --resume=true --config_path=run/checkpoints/{step}   # add --dataset.root=... for a local dataset",
+    ]
+
+
+def _local_paths(plan: PublishPlan) -> list[str]:
+    """The card's note on the JSON files published with their local absolute paths set to null."""
+    if not plan.rewritten:
+        return []
+    return [
+        "## Local paths",
+        "",
+        "Local absolute paths are not published: these files are copies with those fields set to `null`"
+        " (the local files are unchanged).",
+        "",
+        *(f"- `{f.name}`: {', '.join(f'`{field}`' for field in f.rewritten)}" for f in plan.rewritten),
+        "",
+    ]
+
+
 def _scrub(text: str, sources: list[Any], secrets: tuple[str, ...]) -> str:
     """Mask tokens and any absolute local path found in ``sources`` that reached the card."""
-    paths = {s for source in sources for s in _strings(source) if _is_absolute(s) and len(s) > 1}
+    paths = {s for source in sources for s in _strings(source) if is_local_path(s)}
     for path in sorted(paths, key=len, reverse=True):
         # Whole path components only: the home dir "/root" must not mangle a repo id "user/rooted".
         text = re.sub(rf"(?<![\w.-]){re.escape(path)}(?![\w.-])", _LOCAL_PATH_MASK, text)
@@ -255,10 +286,6 @@ def _strings(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
-
-
-def _is_absolute(value: str) -> bool:
-    return value.startswith(("/", "~", "\\")) or bool(re.match(r"^[A-Za-z]:[\\/]", value))
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""What a Hub push uploads from a local folder, decided before any network traffic.
+"""What a weights push (the default) uploads from a local folder, decided before any network traffic.
 
+(``--whole-step`` / ``--whole-run`` publish whole checkpoints instead: :mod:`ckpt_tools.hub.whole_step`.)
 A model repo gets the top-level ``*.safetensors``, ``*.json`` and ``*.md`` files of a
 converted ``pretrained_model/`` (or of a convert output directory) and nothing else: never
 the DCP shard directories, never ``training_state/``, never hidden files (a save or a
@@ -31,11 +32,13 @@ from ckpt_tools.st.index import read_index
 
 PUBLISHED_SUFFIXES = (".safetensors", ".json", ".md")
 README = "README.md"
+# What a push publishes: the weights alone (default), one whole step, or every step and ``last``.
+WEIGHTS, WHOLE_STEP, WHOLE_RUN = "weights", "whole-step", "whole-run"
 
 
 @dataclass(frozen=True)
 class PublishFile:
-    """One local file and the name it gets at the top of the repo."""
+    """One local file and its path in the repo (a top-level name, or ``checkpoints/<step>/...``)."""
 
     name: str
     path: Path
@@ -43,21 +46,51 @@ class PublishFile:
     # For *.safetensors files: dtypes present and the number of scalar values (parameters).
     dtypes: tuple[str, ...] = ()
     num_values: int | None = None
+    model_file: bool = True  # a top-level file of the pretrained model (not training state, not a shard)
+    data: bytes | None = None  # published instead of the file's bytes: a rewritten copy, or ``last``
+    rewritten: tuple[str, ...] = ()  # the fields the copy set to null (ckpt_tools.hub.local_paths)
 
     @property
     def is_weights(self) -> bool:
         """Model or adapter weights (processor statistics are safetensors files too, but not weights)."""
-        return self.name.endswith(".safetensors") and not manifest.PROCESSORS.holds(self.name)
+        return self.model_file and self.name.endswith(".safetensors") and not manifest.PROCESSORS.holds(self.path.name)
+
+    @property
+    def source(self) -> str:
+        """Where the published bytes come from, for the dry run."""
+        if self.data is None:
+            return str(self.path)
+        if self.rewritten:
+            return f"{self.path} ({self.rewrite})"
+        return "generated"
+
+    @property
+    def rewrite(self) -> str:
+        """What the published copy changed (JSON: paths set to null; DCP metadata: its checkpoint_id)."""
+        fields = ", ".join(self.rewritten)
+        if self.name.endswith(".json"):
+            return f"copy: local paths set to null in {fields}"
+        return f"copy: {fields} made the directory's place in the repo"
+
+    def read_published(self) -> bytes:
+        """The bytes that are published (small files only: JSON, Markdown)."""
+        return self.data if self.data is not None else self.path.read_bytes()
 
 
 @dataclass(frozen=True)
 class PublishPlan:
     """The files of ``folder`` a push uploads, and what it leaves out (named, for the report)."""
 
-    folder: Path
+    folder: Path  # the pretrained model the card describes
     files: tuple[PublishFile, ...]
     skipped: tuple[str, ...]
     training_step_path: Path | None
+    scope: str = WEIGHTS  # WEIGHTS, WHOLE_STEP or WHOLE_RUN
+
+    @property
+    def rewritten(self) -> tuple[PublishFile, ...]:
+        """Files published as copies with local paths set to null."""
+        return tuple(f for f in self.files if f.rewritten)
 
     @property
     def has_readme(self) -> bool:
@@ -65,7 +98,8 @@ class PublishPlan:
 
     @property
     def weights(self) -> tuple[PublishFile, ...]:
-        return tuple(f for f in self.files if f.is_weights)
+        """The weights of the model the card describes (of a whole run: the step ``last`` names)."""
+        return tuple(f for f in self.files if f.is_weights and f.path.parent == self.folder)
 
     @property
     def total_bytes(self) -> int:
@@ -81,8 +115,10 @@ class PublishPlan:
         if not secrets:
             return
         for f in self.files:
+            if f.name.endswith(".distcp"):
+                continue  # tensor data only, as the trainer wrote it
             with _readable(f.path):
-                data = _safetensors_header_bytes(f.path) if f.name.endswith(".safetensors") else f.path.read_bytes()
+                data = _safetensors_header_bytes(f.path) if f.name.endswith(".safetensors") else f.read_published()
             if any(s.encode() in data for s in secrets):
                 raise CheckpointError(
                     f"{f.path}: contains your Hugging Face token; refusing to publish it (remove it from the file)"
@@ -143,8 +179,7 @@ def plan_publish(folder: str | os.PathLike[str]) -> PublishPlan:
             continue
         if entry.is_symlink() and entry.resolve().parent != real_folder:
             raise CheckpointError(f"{entry}: is a link to a file outside {folder}; refusing to publish it")
-        with _readable(entry):
-            files.append(_checked_file(entry))
+        files.append(checked_file(entry))
     plan = PublishPlan(folder, tuple(files), tuple(skipped), _training_step_path(folder))
     _check_index(plan)
     _require_model(plan, dcp_dirs)
@@ -170,8 +205,10 @@ def _require_model(plan: PublishPlan, dcp_dirs: list[str]) -> None:
     if not (full or adapter):
         if dcp_dirs:
             raise CheckpointError(
-                f"{folder}: holds the weights only as DCP shards ({', '.join(dcp_dirs)}); run"
-                f" `ckpt-tools convert-dcp --checkpoint-dir {folder}` first, then publish"
+                f"{folder}: holds the weights only as DCP shards ({', '.join(dcp_dirs)}); get model.safetensors"
+                f" with `ckpt-tools convert-dcp --checkpoint-dir {folder}` and push again, or convert and publish"
+                f" in one go with `ckpt-tools convert-dcp --checkpoint-dir {folder} --push-to-hub REPO`"
+                " (or push everything with --whole-step)"
             )
         raise CheckpointError(
             f"{folder}: nothing to publish (no pretrained model: no {layout.MODEL_WEIGHTS},"
@@ -211,15 +248,22 @@ def _training_step_path(folder: Path) -> Path | None:
     return candidate if folder.name == layout.PRETRAINED_MODEL_DIR and candidate.is_file() else None
 
 
-def _checked_file(path: Path) -> PublishFile:
-    size = path.stat().st_size
-    if path.name.endswith(".json"):
-        read_json_file(path)  # a file the Hub would serve but no loader could parse is refused here
-        return PublishFile(path.name, path, size)
-    if path.name.endswith(".safetensors"):
-        dtypes, num_values = _safetensors_summary(path)
-        return PublishFile(path.name, path, size, dtypes, num_values)
-    return PublishFile(path.name, path, size)
+def checked_file(path: Path, name: str | None = None, model_file: bool = True) -> PublishFile:
+    """``path`` published as ``name`` (default: its own name), once it is known to be readable whole.
+
+    A JSON file must parse, a safetensors file must hold exactly what its header promises:
+    a file the Hub would serve but no loader could read is refused here, with one line.
+    """
+    name = path.name if name is None else name
+    with _readable(path):
+        size = path.stat().st_size
+        if path.name.endswith(".json"):
+            read_json_file(path)
+            return PublishFile(name, path, size, model_file=model_file)
+        if path.name.endswith(".safetensors"):
+            dtypes, num_values = _safetensors_summary(path)
+            return PublishFile(name, path, size, dtypes, num_values, model_file=model_file)
+        return PublishFile(name, path, size, model_file=model_file)
 
 
 def _safetensors_header_bytes(path: Path) -> bytes:

@@ -49,7 +49,16 @@ from urllib.parse import urlsplit
 from ckpt_tools.errors import CheckpointError, CkptError, HubError, UsageError, WriteError, shown
 from ckpt_tools.hub.card import build_model_card
 from ckpt_tools.hub.client import Bounds, DeadlineExceeded, MiB, ResponseTooLarge
-from ckpt_tools.hub.files import README, PublishPlan, plan_publish, resolve_publish_folder
+from ckpt_tools.hub.files import (
+    README,
+    WEIGHTS,
+    WHOLE_RUN,
+    WHOLE_STEP,
+    PublishPlan,
+    plan_publish,
+    resolve_publish_folder,
+)
+from ckpt_tools.hub.local_paths import with_published_copies
 from ckpt_tools.units import human_bytes
 
 TIMEOUT_ENV = "CKPT_TOOLS_HUB_TIMEOUT"
@@ -115,6 +124,7 @@ class PushResult:
     files: tuple[UploadedFile, ...]
     skipped: tuple[str, ...]  # top-level entries of the folder that were not uploaded
     card: str  # "generated", "user" (the folder's README.md) or "none"
+    rewritten: tuple[str, ...] = ()  # files published as copies without local paths (hub.local_paths)
 
     @property
     def total_bytes(self) -> int:
@@ -136,11 +146,16 @@ def push_to_hub(
     token: str | None = None,
     model_card: bool = True,
     endpoint: str | None = None,
+    scope: str = WEIGHTS,
 ) -> PushResult:
     """Publish a converted ``pretrained_model/`` (or a step dir, or a convert output dir) as a model repo.
 
-    Uploads only the folder's top-level ``*.safetensors``, ``*.json`` and ``*.md`` files, plus
-    a generated ``README.md`` model card unless the folder has its own or ``model_card`` is
+    ``scope`` WEIGHTS (the default) uploads only the model folder's top-level ``*.safetensors``,
+    ``*.json`` and ``*.md`` files; WHOLE_STEP the step as the trainer wrote it, under
+    ``checkpoints/<step>/``; WHOLE_RUN every complete step and ``checkpoints/last``
+    (:mod:`ckpt_tools.hub.whole_step`). JSON files holding local absolute paths are published
+    as copies with those paths set to null (:mod:`ckpt_tools.hub.local_paths`). A generated
+    ``README.md`` model card is added unless the folder has its own or ``model_card`` is
     False. ``private`` applies to a repo this call creates; pushing with ``private=True`` to an
     existing public repo is refused rather than silently publishing. ``revision`` names a
     branch (created from main when missing). Raises :class:`HubPushError` (exit code 5) for any
@@ -148,7 +163,13 @@ def push_to_hub(
     :class:`~ckpt_tools.errors.CkptError` of exit code 2, 3 or 4 for a local one.
     """
     upload = prepare_push(
-        folder, repo_id, revision=revision, commit_message=commit_message, token=token, model_card=model_card
+        folder,
+        repo_id,
+        revision=revision,
+        commit_message=commit_message,
+        token=token,
+        model_card=model_card,
+        scope=scope,
     )
     with _bounded_client(push_bounds()):
         try:
@@ -183,6 +204,7 @@ def prepare_push(
     commit_message: str | None = None,
     token: str | None = None,
     model_card: bool = True,
+    scope: str = WEIGHTS,
 ) -> PreparedPush:
     """The reading and validation stage of :func:`push_to_hub`, up to the network.
 
@@ -196,7 +218,7 @@ def prepare_push(
         raise UsageError("--revision: must not be empty")
     _refuse_unencodable(revision, "--revision")
     _refuse_unencodable(commit_message, "--commit-message")
-    plan = plan_publish(resolve_publish_folder(folder))
+    plan = with_published_copies(plan_for(folder, scope))
     for f in plan.files:  # a name the Hub's JSON cannot carry; found here, not as a failure mid-push
         if not _utf8(f.name):
             raise CheckpointError(
@@ -212,6 +234,56 @@ def prepare_push(
             " UTF-8 (a lone surrogate escape); fix the value, or push with --no-card"
         )
     return PreparedPush(plan, repo_id, card, commit_message or _default_message(plan), secrets)
+
+
+def plan_for(folder: str | os.PathLike[str], scope: str) -> PublishPlan:
+    """The files a push of ``scope`` publishes from what the user named."""
+    from ckpt_tools.hub.whole_step import plan_whole_run, plan_whole_step
+
+    if scope == WHOLE_STEP:
+        return plan_whole_step(_existing_dir(folder))
+    if scope == WHOLE_RUN:
+        return plan_whole_run(_existing_dir(folder))
+    if scope != WEIGHTS:
+        raise UsageError(f"unknown push scope {scope!r} (expected {WEIGHTS}, {WHOLE_STEP} or {WHOLE_RUN})")
+    return plan_publish(resolve_publish_folder(folder))
+
+
+def _existing_dir(folder: str | os.PathLike[str]) -> Path:
+    path = Path(folder).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise UsageError(f"{path}: PATH must be a directory (a step dir, a checkpoints root or a run dir)")
+    return path
+
+
+def dry_run(upload: PreparedPush) -> dict[str, Any]:
+    """What the push would publish, decided without contacting anything: each file's repo path,
+    size and source (a local path, a rewritten copy, or generated), and the model card's text."""
+    plan = upload.plan
+    files = [{"path": f.name, "size": f.size, "source": f.source} for f in plan.files]
+    if upload.card is not None:
+        files.append({"path": README, "size": len(upload.card.encode("utf-8")), "source": "generated model card"})
+    return {
+        "repo_id": upload.repo_id,
+        "scope": plan.scope,
+        "files": files,
+        "total_bytes": sum(f["size"] for f in files),
+        "skipped": list(plan.skipped),
+        # The published copies themselves, as they would be sent (local paths set to null).
+        "rewritten": {
+            f.name: {
+                "fields": list(f.rewritten),
+                "change": f.rewrite,
+                "content": f.read_published().decode("utf-8") if f.name.endswith(".json") else None,
+            }
+            for f in plan.rewritten
+        },
+        "card": upload.card,
+        "card_source": "generated" if upload.card is not None else ("user" if plan.has_readme else "none"),
+        "commit_message": upload.message,
+    }
 
 
 def _printable(path: object) -> str:
@@ -257,7 +329,11 @@ def _push(
 
     api = HfApi(endpoint=endpoint, token=token)
     with _hub_errors(repo_id, "read the local files", api.endpoint, secrets, local=True):
-        ops = [CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=str(f.path)) for f in plan.files]
+        # Files stream from their paths (bounded memory at any size); only small rewritten copies are bytes.
+        ops = [
+            CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=f.data if f.data is not None else str(f.path))
+            for f in plan.files
+        ]
         if card is not None:
             ops.append(CommitOperationAdd(path_in_repo=README, path_or_fileobj=card.encode("utf-8")))
     with _hub_errors(repo_id, "create the repo", api.endpoint, secrets):
@@ -294,10 +370,15 @@ def _push(
         files=uploaded,
         skipped=plan.skipped,
         card="generated" if card is not None else ("user" if plan.has_readme else "none"),
+        rewritten=tuple(f.name for f in plan.rewritten),
     )
 
 
 def _default_message(plan: PublishPlan) -> str:
+    if plan.scope == WHOLE_STEP:
+        return f"Upload checkpoint {plan.folder.parent.name} (whole step) with ckpt-tools"
+    if plan.scope == WHOLE_RUN:
+        return f"Upload the run's checkpoints (last: {plan.folder.parent.name}) with ckpt-tools"
     return f"Upload {', '.join(f.name for f in plan.weights)} with ckpt-tools"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devtools.procs import run_cli
-from tests.support.hub_data import PUBLISHED, make_step_dir, tree_digest
+from tests.support.hub_data import PUBLISHED, assert_published_as_local, make_step_dir, tree_digest
 from tests.support.hub_fixtures import HubEndpoint, assert_token_absent
 
 REPO = "alice/act-pick-place"
@@ -69,7 +69,7 @@ def test_fault_gives_one_line_and_exit_5_then_a_retry_succeeds(
     assert retried.returncode == 0, retried.stderr
     files = server.files(REPO)
     assert set(files) == {*PUBLISHED, "README.md", ".gitattributes"}
-    assert all(files[name] == (step.pretrained_model / name).read_bytes() for name in PUBLISHED)
+    assert_published_as_local(files, step)
     assert tree_digest(tmp_path) == before
     assert_token_absent(hub.token, [tmp_path, hub.hf_home], [failed.stdout, failed.stderr, retried.stderr])
 
@@ -97,7 +97,7 @@ def test_a_transient_500_mid_upload_is_retried_by_the_client(hub: HubEndpoint, t
     statuses = sorted(r.status for r in server.requests_for("lfs_put"))
     assert statuses == [200, 200, 500]
     files = server.files(REPO)
-    assert all(files[name] == (step.pretrained_model / name).read_bytes() for name in PUBLISHED)
+    assert_published_as_local(files, step)
 
 
 def test_the_bounded_client_applies_during_a_push_only_and_respects_a_callers_factory() -> None:

@@ -19,7 +19,14 @@ from ckpt_tools.format import layout
 from devtools.procs import run_cli
 from tests.fakes.hub.server import iter_commit_ops
 from tests.support.dcp_fixtures import save_model_dcp
-from tests.support.hub_data import PUBLISHED, StepDir, make_step_dir, tree_digest, weights
+from tests.support.hub_data import (
+    PUBLISHED,
+    StepDir,
+    assert_published_as_local,
+    make_step_dir,
+    tree_digest,
+    weights,
+)
 from tests.support.hub_fixtures import HUB_ORG, HubEndpoint, assert_token_absent, hf_download
 
 REPO = "alice/act-pick-place"
@@ -45,8 +52,7 @@ def test_push_uploads_exactly_the_publishable_files(hub: HubEndpoint, tmp_path: 
     assert {op.path for op in ops if op.key == "lfsFile"} == {p for p in PUBLISHED if p.endswith(".safetensors")}
     files = server.files(REPO)
     assert set(files) == {*PUBLISHED, "README.md", ".gitattributes"}
-    for name in PUBLISHED:
-        assert files[name] == (step.pretrained_model / name).read_bytes(), name
+    assert_published_as_local(files, step)  # train_config.json: a copy, its local paths null
     # Only those bytes went over the wire: LFS objects are exactly the two safetensors files.
     assert sorted(r.body for r in server.requests_for("lfs_put")) == sorted(
         (step.pretrained_model / p).read_bytes() for p in PUBLISHED if p.endswith(".safetensors")

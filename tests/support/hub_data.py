@@ -154,3 +154,17 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def assert_published_as_local(published: dict[str, bytes], step: StepDir) -> None:
+    """The published files of a weights push are the step's own bytes - but for ``train_config.json``,
+    published as a copy whose local paths (``dataset.root``, ``output_dir``) are null."""
+    for name in PUBLISHED:
+        local = (step.pretrained_model / name).read_bytes()
+        if name != layout.TRAIN_CONFIG:
+            assert published[name] == local, name
+            continue
+        expected = json.loads(local)
+        expected["dataset"]["root"] = None
+        expected["output_dir"] = None
+        assert json.loads(published[name]) == expected

@@ -38,8 +38,10 @@ def test_sharded_dcp_run_publishes_converted_weights(hub: HubEndpoint, tmp_path:
     sent.pop(".gitattributes", None)  # created with the repo, as on the Hub
     assert not any("distcp" in name or "training_state" in name or name.startswith(".") for name in sent)
     for name, data in sent.items():
-        if name != "README.md":
+        if name not in ("README.md", "train_config.json"):
             assert (local / name).read_bytes() == data, name
+    # train_config.json is a copy with its local paths (the dataset, the output dir) set to null.
+    assert json.loads(sent["train_config.json"])["dataset"]["root"] is None
     assert (
         hf_download(hub.env, "alice/act-fsdp", "model.safetensors").read_bytes()
         == (local / "model.safetensors").read_bytes()

@@ -45,11 +45,19 @@ Schemas of the record:
   save made with the digests off (``bin/bench-save``'s comparison) writes entries without them.
 
 Both schemas are read; entries of a schema-1 record simply have no full digest.
+
+A step published to the Hub (``ckpt-tools push --whole-step``) carries copies of its JSON
+files with local absolute paths set to null (:mod:`ckpt_tools.hub.local_paths`). Its published
+record (:func:`published_copy`) lists those copies as they were published - size, digests and,
+for ``train_config.json``, the content - and names them under ``"published_copy"``, so the
+downloaded step passes the same checks as the local one and :func:`describe` says which files
+were rewritten. The local record is never changed by a push.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -75,6 +83,7 @@ PIECES = f"{FULL}_pieces"  # ... and of the digests of its pieces
 # The file whose saved content the record keeps: what changed in it is named field by field
 # (ckpt_tools.format.rules.config_edits), up to this size.
 KEPT_CONTENT = f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}"
+PUBLISHED_COPY = "published_copy"  # files a push published as rewritten copies (module docstring)
 CONTENT_LIMIT = 2**18
 EDITABLE = frozenset({f"{L.PRETRAINED_MODEL_DIR}/{L.TRAIN_CONFIG}", f"{L.PRETRAINED_MODEL_DIR}/{L.ADAPTER_CONFIG}"})
 # Files up to this size are digested whole, at the save and at every check - on every rank of a
@@ -110,6 +119,8 @@ class SaveFiles:
 
     save_id: str
     files: dict[str, RecordedFile]
+    # Files published as rewritten copies (local paths set to null), by relative path: the fields.
+    published_copy: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def record(
@@ -173,9 +184,48 @@ def read(paths: StepPaths) -> SaveFiles | None:
             if content is not None and not isinstance(content, dict):
                 raise ValueError(f"entry {rel!r}: content is not a JSON object")
             files[rel] = RecordedFile(size, digest, sampled, *_full(entry, size), content=content)
+        copied = doc.get(PUBLISHED_COPY) or {}
+        if not isinstance(copied, dict) or not all(isinstance(v, list) for v in copied.values()):
+            raise ValueError(f"{PUBLISHED_COPY} is not a list of fields per file")
+        published = {str(rel): tuple(map(str, fields)) for rel, fields in copied.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: not a record of a save's files ({e})") from None
-    return SaveFiles(save_id, files)
+    return SaveFiles(save_id, files, published)
+
+
+def published_copy(paths: StepPaths, replaced: dict[str, tuple[bytes, Any, tuple[str, ...]]]) -> bytes:
+    """The record of ``paths`` as a push publishes it, for files published as rewritten copies.
+
+    ``replaced``: by path relative to the step, the published bytes, their parsed content and the
+    fields rewritten. Their entries are recomputed over the published bytes (the kept content
+    of ``train_config.json`` too, so no local path survives in the record) and listed under
+    ``"published_copy"``; every other entry and the save id stay the save's. The local record
+    is read, never written.
+    """
+    doc: dict[str, Any] = read_json_file(paths.save_files, want_object=True)
+    full = doc.get("schema") != 1 and full_digest.enabled()
+    for rel, (data, content, _fields) in replaced.items():
+        entry = _entry_of_bytes(data, full)
+        if rel == KEPT_CONTENT and len(data) <= CONTENT_LIMIT and isinstance(content, dict):
+            entry["content"] = content
+        doc["files"][rel] = entry
+    doc[PUBLISHED_COPY] = {rel: list(fields) for rel, (_d, _c, fields) in sorted(replaced.items())}
+    return encode(doc)
+
+
+def _entry_of_bytes(data: bytes, full: bool) -> dict[str, Any]:
+    """:func:`_entry` of a file that is these bytes (a small JSON copy held in memory)."""
+    sampled = len(data) > DIGEST_LIMIT
+    h = hashlib.blake2b(digest_size=16)
+    if sampled:
+        h.update(data[:SAMPLE])
+        h.update(data[max(0, len(data) - SAMPLE) :])
+    else:
+        h.update(data)
+    entry: dict[str, Any] = {"size": len(data), "sampled" if sampled else "blake2b": h.hexdigest()}
+    if full:
+        entry[FULL] = full_digest.of_bytes(data)
+    return entry
 
 
 def _full(entry: dict[str, Any], size: int) -> tuple[str | None, tuple[Piece, ...]]:
@@ -320,9 +370,14 @@ def describe(saved: SaveFiles | None, paths: StepPaths | None = None) -> str:
         if full
         else "no digest of every byte (an older record)"
     )
+    copied = (
+        "; published with local paths set to null in " + ", ".join(sorted(saved.published_copy))
+        if saved.published_copy
+        else ""
+    )
     return (
         f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
-        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by {ends}; {every_byte})"
+        f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by {ends}; {every_byte})" + copied
     )
 
 

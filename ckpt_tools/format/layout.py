@@ -298,8 +298,12 @@ def read_last_pointer(pointer: Path) -> str:
     is taken: no separator, no ``..``, no absolute path, at most :data:`LAST_POINTER_MAX_BYTES`.
     """
     try:
-        with open(pointer, "rb") as handle:
-            data = handle.read(LAST_POINTER_MAX_BYTES + 1)
+        remote = remote_file(pointer)
+        if remote is not None:  # on the Hub: one ranged read of at most the limit
+            data = remote.remote_read(0, min(remote.remote_size(), LAST_POINTER_MAX_BYTES + 1))
+        else:
+            with open(pointer, "rb") as handle:
+                data = handle.read(LAST_POINTER_MAX_BYTES + 1)
     except OSError as e:
         raise CheckpointError(f"{pointer}: cannot read the 'last' pointer file ({e.strerror or e})") from None
     if len(data) > LAST_POINTER_MAX_BYTES:

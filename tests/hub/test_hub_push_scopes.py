@@ -25,6 +25,7 @@ from ckpt_tools.hub.local_paths import neutralize_json
 from devtools.procs import REPO, free_port, run_cli
 from devtools.training import FIXTURE_DATASET, LAYOUTS, assert_tensors_equal, gathered_weights, ok, train
 from tests.support.hub_fixtures import HubEndpoint
+from tests.support.hub_read import upload
 
 STEP = "000004"  # the fixture runs save at 4 and 8; `last` is 000008
 
@@ -200,7 +201,9 @@ def test_whole_step_downloads_as_a_checkpoint_the_tools_and_the_trainer_resume(
     assert_tensors_equal(gathered_weights(published_step, 8), gathered_weights(runs["fsdp"], 8))
 
 
-def test_whole_run_publishes_every_step_and_last_as_a_pointer_file(hub: HubEndpoint, runs: dict[str, Path]) -> None:
+def test_whole_run_publishes_every_step_and_last_as_a_pointer_file(
+    hub: HubEndpoint, runs: dict[str, Path], tmp_path: Path
+) -> None:
     root = runs["fsdp"] / layout.CHECKPOINTS_DIR
     proc = _push(hub, str(runs["fsdp"]), "--repo-id", "alice/act-run", "--whole-run")
     assert proc.returncode == 0, proc.stderr
@@ -219,6 +222,15 @@ def test_whole_run_publishes_every_step_and_last_as_a_pointer_file(hub: HubEndpo
     assert published[f"{layout.CHECKPOINTS_DIR}/last"] == b"000008"  # the Hub holds no links: a pointer file
     assert "ckpt-train --resume=true --config_path=run/checkpoints/000008" in published["README.md"].decode()
     _assert_no_local_path(published, runs)
+    # The tools read that pointer on the Hub: moved back to 000004 (a commit of the real client),
+    # a run's root on the Hub means the step it names, not the newest.
+    older = tmp_path / "pointer"
+    (older / layout.CHECKPOINTS_DIR).mkdir(parents=True)
+    (older / layout.CHECKPOINTS_DIR / layout.LAST_LINK).write_bytes(b"000004")
+    upload(hub.env, older, "alice/act-run")
+    seen = run_cli("inspect", "hf://alice/act-run", "--json", env=hub.env, no_torch=True)
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout)["step"] == 4
 
 
 def test_dry_run_contacts_nothing_and_shows_files_copies_and_card(

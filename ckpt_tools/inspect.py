@@ -731,9 +731,9 @@ def _inspect_pieces(store: hf_storage.HfStorage, report: InspectReport, tensors:
         f" `convert-dcp {store.root} --output DIR` merges them into whole tensors"
     )
     if tensors:
-        for e in index.tensors.values():
-            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in e.chunks)
-            report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
+        for entry in index.tensors.values():
+            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in entry.chunks)
+            report.tensors.append(TensorInfo(entry.fqn, entry.dtype, entry.shape, chunks))
 
 
 def _inspect_piece_file(header: SafetensorsHeader, rel: str, report: InspectReport, tensors: bool) -> bool:
@@ -847,9 +847,9 @@ def _inspect_dcp(
         )
     )
     if tensors:
-        for e in index.tensors.values():
-            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in e.chunks)
-            report.tensors.append(TensorInfo(e.fqn, e.dtype, e.shape, chunks))
+        for entry in index.tensors.values():
+            chunks = tuple({"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.file} for c in entry.chunks)
+            report.tensors.append(TensorInfo(entry.fqn, entry.dtype, entry.shape, chunks))
 
 
 def _archive_check(index: ChunkIndex, rel: str, notes: list[str]) -> Check:

@@ -21,6 +21,7 @@ from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.dcp.reader import ChunkLayout
 from ckpt_tools.dcp.validate import tensor_layouts
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io.remote import Readable
 from ckpt_tools.io.safe_read import open_regular
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
@@ -119,7 +120,7 @@ class _Counter:
         self.inf += counts[1]
 
 
-def _blocks(fd: int, offset: int, length: int, itemsize: int, what: str) -> Iterator[bytes]:
+def _blocks(fd: Readable, offset: int, length: int, itemsize: int, what: str) -> Iterator[bytes]:
     step = max(itemsize, BLOCK - BLOCK % itemsize)
     for pos in range(0, length, step):
         yield pread_exact(fd, min(step, length - pos), offset + pos, what=what)
@@ -172,7 +173,7 @@ def scan_dcp(index: ChunkIndex, rel: str) -> ValueScan:
     return ValueScan(rel, tensors, values, tuple(found))
 
 
-def _chunk_counts(fd: int, layout: ChunkLayout, counter: _Counter, what: str) -> None:
+def _chunk_counts(fd: Readable, layout: ChunkLayout, counter: _Counter, what: str) -> None:
     dtype = layout.dtype
     if layout.contiguous:
         for data in _blocks(fd, layout.data_offset, layout.nbytes, dtype.itemsize, what):
@@ -182,7 +183,7 @@ def _chunk_counts(fd: int, layout: ChunkLayout, counter: _Counter, what: str) ->
 
 
 def _strided_counts(
-    fd: int,
+    fd: Readable,
     layout: ChunkLayout,
     offset: int,
     size: tuple[int, ...],

@@ -29,7 +29,7 @@ from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.reader import ArchiveShape, ChunkLayout, read_chunk_archive
 from ckpt_tools.dcp.table import ChunkTable, row_hash
 from ckpt_tools.errors import CorruptCheckpoint
-from ckpt_tools.io.remote import pread
+from ckpt_tools.io.remote import Readable, pread
 from ckpt_tools.st import dtypes
 
 ARCHIVE_SLACK = 1 * 2**20  # what a transformed (zstd) span may expand to beyond its tensor bytes
@@ -48,7 +48,7 @@ class _Template:
         return replace(self.layout, data_offset=start + self.layout.data_offset)
 
 
-def _header_bytes(fd: int, start: int, length: int, shape: ArchiveShape) -> bytes | None:
+def _header_bytes(fd: Readable, start: int, length: int, shape: ArchiveShape) -> bytes | None:
     """Head and tail of the span (everything but the storage data), or None on a short read."""
     head, tail_len = shape.data_start, length - shape.data_end
     if length <= SMALL_SPAN:
@@ -63,7 +63,7 @@ def _header_bytes(fd: int, start: int, length: int, shape: ArchiveShape) -> byte
     return first + last
 
 
-def _template(fd: int, start: int, length: int, shape: ArchiveShape, layout: ChunkLayout) -> _Template | None:
+def _template(fd: Readable, start: int, length: int, shape: ArchiveShape, layout: ChunkLayout) -> _Template | None:
     raw = _header_bytes(fd, start, length, shape)
     if raw is None:
         return None
@@ -106,13 +106,13 @@ class ArchiveChecker:
         """
         tb = self.table
         order = rows[np.lexsort((tb.start[rows], tb.file[rows]))]
-        advised_fds: list[int] = []  # descriptors told they are read at scattered offsets
+        advised_fds: list[Readable] = []  # descriptors told they are read at scattered offsets
         try:
             self._visit(order, advised_fds)
         finally:
             _stream(advised_fds)
 
-    def _visit(self, order: np.ndarray, advised_fds: list[int]) -> None:
+    def _visit(self, order: np.ndarray, advised_fds: list[Readable]) -> None:
         """The loop of :meth:`check_rows`, a few microseconds a chunk: 2.2 million at 70B × 1024.
 
         Per chunk only a ``pread`` and one masked comparison as a big integer; what the
@@ -126,9 +126,10 @@ class ArchiveChecker:
         fast: dict[
             int, tuple[int, int, int, int, int, int]
         ] = {}  # kind -> (length, head, tail at, size, mask, expected)
-        pending: tuple[int, int, int, bytes, int, int, int, int, int] | None = None
+        pending: tuple[int, int, Readable, bytes, int, int, int, int, int] | None = None
         # (row, file, fd, head bytes, tail start, end, header size, mask, expected): head read, tail not yet
-        current, fd = -1, -1  # the file being read and its descriptor
+        current = -1  # the file being read
+        fd: Readable = -1  # and its descriptor
 
         def finish() -> None:
             """Read the pending chunk's tail on its own and judge it."""
@@ -233,7 +234,7 @@ class _Stored:
     transforms: tuple[str, ...]
 
 
-def _headers_only(fd: int) -> None:
+def _headers_only(fd: Readable) -> None:
     """Tell the kernel that ``fd`` is read at scattered offsets, until :func:`_stream` says otherwise.
 
     Each header read is a few hundred bytes between megabytes of tensor data. With the default
@@ -244,13 +245,13 @@ def _headers_only(fd: int) -> None:
     _advise(fd, "POSIX_FADV_RANDOM")
 
 
-def _stream(fds: list[int]) -> None:
+def _stream(fds: list[Readable]) -> None:
     """Readahead back on: the same descriptors may stream the tensor data next (convert-dcp)."""
     for fd in fds:
         _advise(fd, "POSIX_FADV_NORMAL")
 
 
-def _advise(fd: int, advice: str) -> None:
+def _advise(fd: Readable, advice: str) -> None:
     if isinstance(fd, int) and hasattr(os, "posix_fadvise"):  # a remote file (the Hub) takes no advice
         with contextlib.suppress(OSError):  # advice only: a file system that takes none reads as before
             os.posix_fadvise(fd, 0, 0, getattr(os, advice))

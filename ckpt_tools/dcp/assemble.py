@@ -20,6 +20,7 @@ from ckpt_tools.dcp import casting
 from ckpt_tools.dcp.files import ShardFiles, pread_exact
 from ckpt_tools.dcp.index import Chunk, TensorEntry
 from ckpt_tools.dcp.reader import ChunkLayout
+from ckpt_tools.io.remote import Readable
 from ckpt_tools.st.dtypes import DType
 
 BLOCK = 8 * 2**20  # bytes of source read per step when converting
@@ -29,7 +30,7 @@ BLOCK = 8 * 2**20  # bytes of source read per step when converting
 class Copy:
     """``length`` bytes of shard file ``fd`` at ``offset`` go to the output unchanged."""
 
-    fd: int
+    fd: Readable
     offset: int
     length: int
     what: str

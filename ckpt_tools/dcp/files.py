@@ -12,7 +12,7 @@ from typing import IO, Protocol
 
 from ckpt_tools.dcp import transforms
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
-from ckpt_tools.io.remote import RemoteHandle, as_path, pread, remote_file
+from ckpt_tools.io.remote import Readable, RemoteHandle, as_path, pread, remote_file
 from ckpt_tools.io.safe_read import open_regular
 
 UNBOUNDED = 2**62
@@ -44,7 +44,7 @@ class ShardFiles:
         self._undone: dict[tuple[str, int], tuple[IO[bytes], int]] = {}
         self._remote: dict[str, RemoteHandle] = {}
 
-    def span(self, item: Stored, *, limit: int) -> tuple[int, int, int]:
+    def span(self, item: Stored, *, limit: int) -> tuple[Readable, int, int]:
         """``(fd, offset, length)`` of ``item``'s original bytes.
 
         An untransformed item is its span of the shard file; a transformed one (torch's zstd
@@ -68,14 +68,14 @@ class ShardFiles:
             undone = self._undone[key] = (tmp, n)
         return undone[0].fileno(), 0, undone[1]
 
-    def data_fd(self, item: Stored) -> int:
+    def data_fd(self, item: Stored) -> Readable:
         """The descriptor a chunk's data offsets (:class:`~ckpt_tools.dcp.reader.ChunkLayout`) refer to.
 
         Layouts are read through :meth:`span` first, which bounds the decompression; this reuses it.
         """
         return self.span(item, limit=UNBOUNDED)[0]
 
-    def fd(self, relative: str) -> int | RemoteHandle:
+    def fd(self, relative: str) -> Readable:
         known: int | RemoteHandle | None = self._fds.get(relative)
         if known is None:
             known = self._remote.get(relative)
@@ -154,7 +154,7 @@ def is_inside(root: Path, path: Path) -> bool:
         return False
 
 
-def pread_exact(fd: int | RemoteHandle, length: int, offset: int, *, what: str) -> bytes:
+def pread_exact(fd: Readable, length: int, offset: int, *, what: str) -> bytes:
     """``length`` bytes at ``offset``, or :class:`CorruptCheckpoint` if the file is shorter."""
     chunks = []
     got = 0

@@ -59,8 +59,9 @@ def relocated_metadata(data: bytes, published_dir: str) -> bytes | None:
     window_memo = 0
     explicit = False  # PUT opcodes (protocols 0-3) name their memo slot; MEMOIZE (4+) takes the next
     try:
-        for op, arg, pos in pickletools.genops(io.BytesIO(data)):
+        for op, arg, at in pickletools.genops(io.BytesIO(data)):
             name = op.name
+            pos = at if at is not None else -1  # a BytesIO always gives the position
             if window is not None and not parts and name != "FRAME":  # a frame may start inside the path
                 window.append(Span(name, arg, pos, -1))
                 if name in ("REDUCE", "SETITEM", "SETITEMS", "STOP") or len(window) > _WINDOW:
@@ -72,8 +73,8 @@ def relocated_metadata(data: bytes, published_dir: str) -> bytes | None:
                 frames.append(pos)
             elif name in _PUT_OPS:
                 explicit = True
-            elif name in _GET_OPS and parts and int(arg) in slots:
-                reused.add(int(arg))
+            elif name in _GET_OPS and parts and int(arg or 0) in slots:
+                reused.add(int(arg or 0))
             elif name in _STRING_OPS and arg == _FIELD and window is None and not parts:
                 window, window_memo = [Span(name, arg, pos, -1)], memo
             if name == "MEMOIZE":

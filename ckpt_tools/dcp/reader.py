@@ -16,6 +16,7 @@ from typing import Any
 from ckpt_tools.dcp.safe_pickle import restricted_loads
 from ckpt_tools.dcp.zipblob import SpanReader, ZipDirectory, read_directory
 from ckpt_tools.errors import CorruptCheckpoint
+from ckpt_tools.io.remote import Readable
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.dtypes import DType
 
@@ -158,12 +159,12 @@ def _tensor_record(pickled: bytes, what: str) -> Any:
     return record
 
 
-def read_chunk_layout(fd: int, start: int, length: int, *, what: str) -> ChunkLayout:
+def read_chunk_layout(fd: Readable, start: int, length: int, *, what: str) -> ChunkLayout:
     """Parse the torch.save archive in ``[start, start+length)`` of ``fd`` (headers only)."""
     return read_chunk_archive(fd, start, length, what=what)[0]
 
 
-def read_chunk_archive(fd: int, start: int, length: int, *, what: str) -> tuple[ChunkLayout, ArchiveShape]:
+def read_chunk_archive(fd: Readable, start: int, length: int, *, what: str) -> tuple[ChunkLayout, ArchiveShape]:
     """:func:`read_chunk_layout`, and where in the span its headers are (:class:`ArchiveShape`)."""
     span = SpanReader(fd, start, length, what)
     members = read_directory(span)
@@ -248,7 +249,9 @@ class ArchiveShape:
     serialization_id: tuple[int, int] | None
 
 
-def read_pickled_object(fd: int, start: int, length: int, allowed: dict[tuple[str, str], Any], *, what: str) -> Any:
+def read_pickled_object(
+    fd: Readable, start: int, length: int, allowed: dict[tuple[str, str], Any], *, what: str
+) -> Any:
     """Restricted-load the object of a BYTE_IO item (a torch.save archive of a plain object)."""
     span = SpanReader(fd, start, length, what)
     pkl = read_directory(span).member("data.pkl")

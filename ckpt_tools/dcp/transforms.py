@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ckpt_tools.errors import CheckpointError, CorruptCheckpoint
-from ckpt_tools.io.remote import pread
+from ckpt_tools.io.remote import Readable, pread
 
 ZSTD = "stream.zstd"  # ZStandard.registry_name()
 ZSTD_PACKAGE = "zstandard"
@@ -51,7 +51,7 @@ def missing_zstd_message(where: str) -> str:
 class _Span(io.RawIOBase):
     """``[offset, offset+length)`` of an open file as a readable stream (positioned reads)."""
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
+    def __init__(self, fd: Readable, offset: int, length: int) -> None:
         self.fd, self.pos, self.end = fd, offset, offset + length
 
     def readable(self) -> bool:
@@ -68,7 +68,7 @@ class _Span(io.RawIOBase):
 
 
 def undo(
-    fd: int, offset: int, length: int, descriptors: Sequence[str], out: IO[bytes], *, limit: int, what: str
+    fd: Readable, offset: int, length: int, descriptors: Sequence[str], out: IO[bytes], *, limit: int, what: str
 ) -> int:
     """Write the original bytes of a transformed span to ``out``; return how many (at most ``limit``)."""
     problem = unsupported(descriptors)

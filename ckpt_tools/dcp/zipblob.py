@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from ckpt_tools.errors import CorruptCheckpoint
-from ckpt_tools.io.remote import pread
+from ckpt_tools.io.remote import Readable, pread
 
 _EOCD_SIG = b"PK\x05\x06"
 _ZIP64_LOCATOR_SIG = b"PK\x06\x07"
@@ -44,7 +44,7 @@ class Member:
 class SpanReader:
     """Positioned reads confined to ``[start, start+length)`` of an open file, with two cached windows."""
 
-    def __init__(self, fd: int, start: int, length: int, what: str) -> None:
+    def __init__(self, fd: Readable, start: int, length: int, what: str) -> None:
         self.fd = fd
         self.start = start
         self.length = length

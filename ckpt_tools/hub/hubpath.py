@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat as stat_module
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import PosixPath
 from typing import Any, ClassVar
 
@@ -108,7 +108,7 @@ class HubPath(PosixPath):
     def lstat(self) -> os.stat_result:
         return self.stat()
 
-    def iterdir(self) -> Iterator[HubPath]:
+    def iterdir(self) -> Generator[HubPath, None, None]:
         if not self.is_dir():
             raise NotADirectoryError(20, "Not a directory", str(self))
         for name in sorted(self.remote_children()):

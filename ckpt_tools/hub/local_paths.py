@@ -157,7 +157,7 @@ def _relocated_dcp(
         ) from None
     if data is None:
         return []
-    out = [(by_name[metadata.name], data, ("storage_meta.checkpoint_id",))]
+    out: list[tuple[int, bytes, tuple[str, ...]]] = [(by_name[metadata.name], data, ("storage_meta.checkpoint_id",))]
     index_name = f"{published_dir}/{layout.DCP_INDEX}"
     if index_name in by_name:
         index = files[by_name[index_name]]

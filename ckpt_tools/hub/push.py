@@ -40,7 +40,7 @@ import os
 import re
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -417,7 +417,7 @@ def _bounded_client(bounds: Bounds) -> Iterator[None]:
         yield
         return
     set_factory = getattr(huggingface_hub, "set_client_factory", None)
-    default = getattr(_http, "default_client_factory", None)
+    default: Callable[[], Any] | None = getattr(_http, "default_client_factory", None)
     previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", default)
     if set_factory is None or default is None or previous is not default:
         yield  # an older client, or a factory the caller installed: leave it alone
@@ -572,7 +572,7 @@ def _status_hint(status: int, error: Exception, repo_id: str) -> str:
     return f" ({detail})" if detail else ""
 
 
-def _is_network_error(error: Exception) -> bool:
+def _is_network_error(error: BaseException) -> bool:
     module = type(error).__module__.split(".")[0]
     return module in ("httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3") or isinstance(
         error, ConnectionError

@@ -81,6 +81,9 @@ class RemoteHandle:
         return data[:length]
 
 
-def pread(fd: int | RemoteHandle, length: int, offset: int) -> bytes:
+Readable = int | RemoteHandle  # what the readers read from: a local descriptor or a file on the Hub
+
+
+def pread(fd: Readable, length: int, offset: int) -> bytes:
     """``os.pread`` for a local descriptor or a :class:`RemoteHandle`: what the chunk readers call."""
     return os.pread(fd, length, offset) if isinstance(fd, int) else fd.pread(length, offset)

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "units", "io"),
     ("format",),
     ("st", "dcp"),
-    ("check", "values", "resume", "hub"),
+    ("check", "resume", "hub"),
     ("convert", "convert_delete", "inspect"),
     ("cli", "train"),
 ]

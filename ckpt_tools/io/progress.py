@@ -62,15 +62,24 @@ def on_terminal(wanted: bool) -> bool:
 
 
 @contextlib.contextmanager
+def reporting_to(progress: ByteProgress) -> Iterator[ByteProgress]:
+    """Within the block, reads report to ``progress`` (a bar, or any other observer of the bytes read)."""
+    token = _current.set(progress)
+    try:
+        yield progress
+    finally:
+        _current.reset(token)
+
+
+@contextlib.contextmanager
 def bytes_read(description: str, *, enabled: bool) -> Iterator[ByteProgress]:
     """Within the block, reads report to a bar labelled ``description`` (none when not ``enabled``)."""
     if not enabled:
         yield SILENT
         return
     bar = _TqdmBar(description)
-    token = _current.set(bar)
     try:
-        yield bar
+        with reporting_to(bar):
+            yield bar
     finally:
-        _current.reset(token)
         bar.bar.close()

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "units", "io"),
     ("format",),
     ("st", "dcp"),
-    ("check", "values", "resume", "hub", "retention"),
+    ("check", "resume", "hub", "retention"),
     ("convert", "convert_delete", "inspect"),
     ("cli", "train"),
 ]

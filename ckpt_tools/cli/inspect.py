@@ -82,8 +82,11 @@ def inspect_command(
 ) -> None:
     from ckpt_tools.hub.source import checkpoint_source
     from ckpt_tools.inspect import inspect_path
+    from ckpt_tools.io.progress import bytes_read, on_terminal
 
-    with fresh_reads(no_cache), checkpoint_source(path) as source:
+    reads_every_byte = check_values or verify_data  # the others read headers only: a fraction of a second
+    bar = on_terminal(reads_every_byte and not json_out)
+    with fresh_reads(no_cache), checkpoint_source(path) as source, bytes_read("inspect", enabled=bar):
         report = inspect_path(
             source, tensors=tensors, check_values=check_values, verify_data=verify_data, keep_last=keep_last
         )

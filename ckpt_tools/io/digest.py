@@ -13,6 +13,7 @@ with/without comparison only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
@@ -35,10 +36,17 @@ def of_bytes(data: Any) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-def of_range(fd: int, offset: int, length: int, buffer: bytearray | None = None) -> tuple[str, int]:
+def of_range(
+    fd: int,
+    offset: int,
+    length: int,
+    buffer: bytearray | None = None,
+    on_read: Callable[[int], None] | None = None,
+) -> tuple[str, int]:
     """The digest of ``length`` bytes at ``offset`` of ``fd``, read :data:`READ` bytes at a time.
 
     Returns (digest, bytes actually read): fewer than ``length`` when the file is shorter.
+    ``on_read`` is told each block's size as it is read (a progress bar's advance).
     """
     h = hasher()
     buffer = buffer if buffer is not None else bytearray(READ)
@@ -51,6 +59,8 @@ def of_range(fd: int, offset: int, length: int, buffer: bytearray | None = None)
             break
         h.update(view[:got])
         done += got
+        if on_read is not None:
+            on_read(got)
     return h.hexdigest(), done
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_tools import values
 from ckpt_tools.dcp.reader import ChunkLayout
+from ckpt_tools.inspect import values
 from ckpt_tools.st import dtypes
 
 SPECIALS = [float("nan"), float("inf"), float("-inf"), -float("nan")]

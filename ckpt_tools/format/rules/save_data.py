@@ -25,7 +25,7 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_stamps
 from ckpt_tools.format.rules.save_files import EDITABLE, LISTED, RecordedFile, SaveFiles
-from ckpt_tools.io import digest
+from ckpt_tools.io import digest, progress
 from ckpt_tools.io.safe_read import open_regular
 
 NO_RECORD = "no record of the save's files (not written by ckpt-train, or before it kept one): no per-byte verification is possible"
@@ -64,9 +64,9 @@ def verify(paths: StepPaths, saved: SaveFiles, under: str | None = None) -> Data
     verdict = DataVerdict(saved.save_id)
     buffer = bytearray(digest.READ)
     started = time.perf_counter()
-    for rel, recorded in saved.files.items():
-        if rel in EDITABLE or (under is not None and not rel.startswith(under.rstrip("/") + "/") and rel != under):
-            continue
+    chosen = [(rel, recorded) for rel, recorded in saved.files.items() if _chosen(rel, under)]
+    progress.current().expect(sum(recorded.size for _, recorded in chosen if recorded.verifiable))
+    for rel, recorded in chosen:
         if not recorded.verifiable:
             verdict.unverifiable.append(rel)
             continue
@@ -77,6 +77,13 @@ def verify(paths: StepPaths, saved: SaveFiles, under: str | None = None) -> Data
                 verdict.problems.append(save_stamps.problem(rel, stamped, saved.save_id))
     verdict.wall = time.perf_counter() - started
     return verdict
+
+
+def _chosen(rel: str, under: str | None) -> bool:
+    """Whether :func:`verify` reads the recorded file ``rel``: never an editable one; below ``under``, if given."""
+    if rel in EDITABLE:
+        return False
+    return under is None or rel.startswith(under.rstrip("/") + "/") or rel == under
 
 
 def _check_file(
@@ -104,7 +111,7 @@ def _check_file(
         bad = []
         started = time.perf_counter()
         for offset, length, expected in pieces:
-            got, read = digest.of_range(fd, offset, length, buffer)
+            got, read = digest.of_range(fd, offset, length, buffer, on_read=progress.current().advance)
             verdict.bytes += read
             if read != length or got != expected:
                 bad.append((offset, length))

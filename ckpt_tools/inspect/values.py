@@ -6,7 +6,8 @@ bit patterns (an all-ones exponent; a zero mantissa is an infinity, any other a 
 every float type is handled the same way, bfloat16 and float8 included, and byte order is a
 view, not a conversion. Data is read with ``pread`` in blocks of :data:`BLOCK` bytes (a
 strided DCP chunk a slab at a time), so memory stays bounded whatever the checkpoint's size.
-Integer and bool tensors cannot hold either and are skipped.
+Integer and bool tensors cannot hold either and are skipped. The bytes examined are reported to
+the command's progress bar (:mod:`ckpt_tools.io.progress`), if it shows one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.dcp.reader import ChunkLayout
 from ckpt_tools.dcp.validate import tensor_layouts
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.io import progress
 from ckpt_tools.io.remote import Readable
 from ckpt_tools.io.safe_read import open_regular
 from ckpt_tools.st import dtypes
@@ -123,7 +125,9 @@ class _Counter:
 def _blocks(fd: Readable, offset: int, length: int, itemsize: int, what: str) -> Iterator[bytes]:
     step = max(itemsize, BLOCK - BLOCK % itemsize)
     for pos in range(0, length, step):
-        yield pread_exact(fd, min(step, length - pos), offset + pos, what=what)
+        data = pread_exact(fd, min(step, length - pos), offset + pos, what=what)
+        progress.current().advance(len(data))
+        yield data
 
 
 # ====================================================================== safetensors
@@ -132,6 +136,7 @@ def _blocks(fd: Readable, offset: int, length: int, itemsize: int, what: str) ->
 def scan_safetensors(header: SafetensorsHeader, rel: str) -> ValueScan:
     """Every floating tensor of a safetensors file whose header is sane (``header.problems`` empty)."""
     found, tensors, values = [], 0, 0
+    progress.current().expect(sum(e.nbytes for e in header.entries.values() if checked(dtypes.BY_SAFETENSORS[e.dtype])))
     try:
         fd = open_regular(header.path)
     except OSError as e:
@@ -159,10 +164,10 @@ def scan_safetensors(header: SafetensorsHeader, rel: str) -> ValueScan:
 def scan_dcp(index: ChunkIndex, rel: str) -> ValueScan:
     """Every floating tensor of a DCP directory that passed its structure and archive checks."""
     found, tensors, values = [], 0, 0
+    scanned = [e for e in index.tensors.values() if dtypes.is_known(e.dtype) and checked(dtypes.lookup(e.dtype))]
+    progress.current().expect(sum(e.nbytes or 0 for e in scanned))
     with ShardFiles(index.root) as files:
-        for entry in index.tensors.values():
-            if not dtypes.is_known(entry.dtype) or not checked(dtypes.lookup(entry.dtype)):
-                continue
+        for entry in scanned:
             counter = _Counter()
             for chunk, layout in zip(entry.chunks, tensor_layouts(entry, files), strict=True):
                 if chunk.numel:
@@ -201,6 +206,7 @@ def _strided_counts(
         flat = _view(pread_exact(fd, extent * itemsize, offset, what=what), layout.dtype, layout.byteorder)
         view = as_strided(flat, shape=size, strides=tuple(st * itemsize for st in stride), writeable=False)
         counter.add(count_nonfinite(view.reshape(-1), layout.dtype))
+        progress.current().advance(view.size * itemsize)  # the elements examined, not the span read
         return
     outer = max(range(len(size)), key=lambda d: stride[d] * (size[d] - 1))
     group = max(1, BLOCK // (stride[outer] * itemsize))  # slabs per read along that dimension

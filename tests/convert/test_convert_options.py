@@ -79,7 +79,7 @@ def test_a_bad_option_is_one_line_from_checked_whichever_front_end(
     with pytest.raises(UsageError, match=message) as refused:
         options.checked()
     assert refused.value.exit_code == ExitCode.USAGE
-    code, out, err = _lerobot([f"--checkpoint_dir={STEP}", *flags])
+    code, out, err = _lerobot([f"--checkpoint_dir={STEP}", *flags, "--dry_run=true"])  # never writes the fixture
     assert code == int(ExitCode.USAGE) and not out
     assert err.strip() == f"error: {refused.value}"  # the same line, and only it
 

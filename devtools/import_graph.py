@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("format",),
     ("st", "dcp"),
     ("check", "resume", "hub", "retention"),
-    ("convert", "convert_delete", "inspect"),
+    ("convert", "inspect"),
     ("cli", "train"),
 ]
 

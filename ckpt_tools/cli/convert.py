@@ -1,4 +1,4 @@
-"""``ckpt-tools convert-dcp``: parse, call :func:`ckpt_tools.convert.convert_dcp`, print.
+"""``ckpt-tools convert-dcp``: parse into a :class:`~ckpt_tools.convert.options.ConvertOptions`, convert, print.
 
 Heavy modules (numpy, tqdm, huggingface_hub) are imported by the API only when a conversion
 actually runs, so ``--help`` and bad flags answer at once.
@@ -24,7 +24,8 @@ from ckpt_tools.io.reader_lease import reading_path
 from ckpt_tools.units import human_bytes
 
 if TYPE_CHECKING:
-    from ckpt_tools.hub.push import HubPushError
+    from ckpt_tools.convert import ConvertOptions, ConvertResult
+    from ckpt_tools.hub.push import HubPushError, PushResult
 
 CONVERT_HELP = f"""Merge DCP shards (pytorch_model_fsdp_0/) into a regular model.safetensors - offline, on CPU, no torch.
 
@@ -122,107 +123,70 @@ def convert_dcp_command(
     source = checkpoint_dir or checkpoint
     if source is None:
         raise UsageError("missing CHECKPOINT_DIR (or --checkpoint-dir)")
-    refuse_hub_source_options(source, output=output, delete_dcp=delete_dcp, push_to_hub=push_to_hub)
+    from ckpt_tools.convert.options import ConvertOptions
+
+    options = ConvertOptions(
+        output=output,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        what=what,
+        key=key,
+        overwrite=overwrite,
+        delete_dcp=delete_dcp,
+        allow_unresumable=allow_unresumable,
+        ema=ema,
+        dry_run=dry_run,
+    )
+    refuse_hub_source_options(source, options, push_to_hub=push_to_hub)
     with fresh_reads(no_cache), checkpoint_source(source) as readable, reading_path(readable, "convert-dcp"):
-        run_convert(
-            readable,
-            output=output,
-            dtype=dtype,
-            max_shard_size=max_shard_size,
-            what=what,
-            key=key,
-            dry_run=dry_run,
-            delete_dcp=delete_dcp,
-            allow_unresumable=allow_unresumable,
-            overwrite=overwrite,
-            push_to_hub=push_to_hub,
-            private=private,
-            json_out=json_out,
-            quiet=quiet,
-            ema=ema,
-        )
+        run_convert(readable, options, push_to_hub=push_to_hub, private=private, json_out=json_out, quiet=quiet)
 
 
 def refuse_hub_source_options(
-    source: str, *, output: Path | None, delete_dcp: bool, push_to_hub: str | None, output_flag: str = "--output"
+    source: str, options: ConvertOptions, *, push_to_hub: str | None, output_flag: str = "--output"
 ) -> None:
     """A checkpoint on the Hub is only read: the conversion goes to a local output the user names."""
     if not is_hub_path(source):
         return
-    if delete_dcp:
+    if options.delete_dcp:
         raise UsageError(f"{source}: --delete-dcp deletes local shards; a checkpoint on the Hub is never changed")
     if push_to_hub:
         raise UsageError(f"{source}: convert to a local {output_flag} first, then push that folder")
-    if output is None:
+    if options.output is None:
         raise UsageError(f"{source}: name a local {output_flag} (a checkpoint on the Hub is never written to)")
 
 
 def run_convert(
     source: Path,
+    options: ConvertOptions | None = None,
     *,
-    output: Path | None = None,
-    dtype: str | None = None,
-    max_shard_size: str | None = None,
-    what: str | None = None,
-    key: str | None = None,
-    dry_run: bool = False,
-    delete_dcp: bool = False,
-    allow_unresumable: bool = False,
-    overwrite: bool = False,
     push_to_hub: str | None = None,
     private: bool = False,
     json_out: bool = False,
     quiet: bool = False,
-    ema: bool = False,
+    **keywords: Any,
 ) -> None:
-    """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``.
+    """Shared by ``convert-dcp`` and its LeRobot spelling ``lerobot-convert-dcp``: convert as ``options``
+    say, then print (``json_out``: the result as JSON; ``quiet`` or ``json_out``: no progress bar).
 
+    ``keywords``: :func:`ckpt_tools.convert.convert_dcp`'s compatibility spelling of ``options``.
     With ``push_to_hub`` (and not a dry run) the work is :func:`ckpt_tools.hub.publish_checkpoint`'s:
     convert and verify, push, then - with ``delete_dcp`` - delete the shards (a refused deletion
     is refused before the conversion and the push, as without the Hub).
     """
-    options: dict[str, Any] = {
-        "output": output,
-        "dtype": dtype,
-        "max_shard_size": max_shard_size,
-        "what": what,
-        "key": key,
-        "overwrite": overwrite,
-        "progress": not quiet and not json_out,
-        "allow_unresumable": allow_unresumable,
-    }
-    if ema:
-        if push_to_hub:
-            raise UsageError("--ema with --push-to-hub: convert first, then `ckpt-tools push --ema`")
-        options["ema"] = True
+    from ckpt_tools.convert import ConvertOptions, convert_dcp
+
+    options = (options or ConvertOptions()).but(**keywords)
+    if quiet or json_out:
+        options = options.but(progress=False)
+    if options.ema and push_to_hub:
+        raise UsageError("--ema with --push-to-hub: convert first, then `ckpt-tools push --ema`")
     pushed = None
     with _sigterm_as_interrupt():
-        if push_to_hub and not dry_run:
-            from ckpt_tools.convert import convert_dcp
-            from ckpt_tools.hub import publish_checkpoint
-            from ckpt_tools.hub.push import HubPushError
-
-            if delete_dcp:  # the deletion rule, decided before anything is written or sent
-                convert_dcp(source, dry_run=True, delete_dcp=True, **{**options, "progress": False})
-
-            try:
-                published = publish_checkpoint(
-                    source,
-                    push_to_hub,
-                    private=private,
-                    convert=True,
-                    delete_dcp=delete_dcp,
-                    repo_id_flag="--push-to-hub",
-                    **options,
-                )
-            except HubPushError as e:
-                raise _with_retry(e, push_to_hub, private, delete_dcp) from None
-            assert published.conversion is not None
-            result, pushed = published.conversion, published.push
+        if push_to_hub and not options.dry_run:
+            result, pushed = _convert_and_publish(source, options, push_to_hub, private)
         else:
-            from ckpt_tools.convert import convert_dcp
-
-            result = convert_dcp(source, dry_run=dry_run, delete_dcp=delete_dcp, **options)
+            result = convert_dcp(source, options)
     if json_out:
         payload = result.to_dict()
         if pushed is not None:
@@ -230,6 +194,24 @@ def run_convert(
         emit_json(payload)
         return
     _print_result(result, pushed)
+
+
+def _convert_and_publish(
+    source: Path, options: ConvertOptions, repo_id: str, private: bool
+) -> tuple[ConvertResult, PushResult]:
+    """``--push-to-hub``: :func:`ckpt_tools.hub.publish_checkpoint`, the deletion decided before anything is written."""
+    from ckpt_tools.convert import convert_dcp
+    from ckpt_tools.hub import publish_checkpoint
+    from ckpt_tools.hub.push import HubPushError
+
+    if options.delete_dcp:  # the deletion rule, decided before anything is written or sent
+        convert_dcp(source, options.but(dry_run=True, progress=False))
+    try:
+        published = publish_checkpoint(source, repo_id, private=private, convert=options, repo_id_flag="--push-to-hub")
+    except HubPushError as e:
+        raise _with_retry(e, repo_id, private, options.delete_dcp) from None
+    assert published.conversion is not None
+    return published.conversion, published.push
 
 
 def _with_retry(error: HubPushError, repo_id: str, private: bool, delete_dcp: bool) -> HubPushError:

@@ -5,16 +5,22 @@
 
 Also ``--output=``, ``--dtype=``, ``--max_shard_size=``, ``--dry_run=true``, ``--what=``,
 ``--allow_unresumable=true``, ``--overwrite=true``, ``--private=true``, ``--json=true``, ``--quiet=true``. Booleans take
-true/false/1/0/yes/no (or no value, meaning true). Everything else is ``convert-dcp``'s code.
+true/false/1/0/yes/no (or no value, meaning true). The flags become the same
+:class:`~ckpt_tools.convert.options.ConvertOptions` ``convert-dcp`` builds; everything else is its code.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import CkptError, ExitCode
+
+if TYPE_CHECKING:
+    from ckpt_tools.convert.options import ConvertOptions
 
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
@@ -73,30 +79,17 @@ def convert_dcp_main(argv: list[str] | None = None) -> None:
     from ckpt_tools.cli.convert import refuse_hub_source_options, run_convert
     from ckpt_tools.hub.source import checkpoint_source
 
-    output = Path(args.output) if args.output else None
     try:
-        refuse_hub_source_options(
-            args.checkpoint_dir,
-            output=output,
-            delete_dcp=args.delete_dcp,
-            push_to_hub=args.push_to_hub,
-        )
+        options = options_of(args)
+        refuse_hub_source_options(args.checkpoint_dir, options, push_to_hub=args.push_to_hub)
         with checkpoint_source(args.checkpoint_dir) as readable:
             run_convert(
                 readable,
-                output=output,
-                dtype=args.dtype,
-                max_shard_size=args.max_shard_size,
-                what=args.what,
-                dry_run=args.dry_run,
-                delete_dcp=args.delete_dcp,
-                allow_unresumable=args.allow_unresumable,
-                overwrite=args.overwrite,
+                options,
                 push_to_hub=args.push_to_hub,
                 private=args.private,
                 json_out=args.json,
                 quiet=args.quiet,
-                ema=args.ema,
             )
     except CkptError as e:
         echo(f"error: {e}", err=True)
@@ -104,6 +97,18 @@ def convert_dcp_main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         echo("error: interrupted", err=True)
         raise SystemExit(130) from None
+
+
+def options_of(args: argparse.Namespace) -> ConvertOptions:
+    """LeRobot's flags as convert-dcp's options: each flag's ``dest`` is the option's name.
+
+    The rest (``checkpoint_dir``, ``push_to_hub``, ``private``, ``json``, ``quiet``) is how to run
+    and print, as for ``convert-dcp``.
+    """
+    from ckpt_tools.convert.options import ConvertOptions
+
+    given = {f.name: getattr(args, f.name) for f in fields(ConvertOptions) if hasattr(args, f.name)}
+    return ConvertOptions(**{**given, "output": Path(args.output) if args.output else None})
 
 
 if __name__ == "__main__":

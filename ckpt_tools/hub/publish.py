@@ -4,7 +4,7 @@
 the same way, through :func:`publish_checkpoint`:
 
 1. the repo id is checked before any work, so a typo never costs a conversion;
-2. the weights are converted to safetensors - always when asked (``convert=True``), otherwise
+2. the weights are converted to safetensors - always when asked (``convert=ConvertOptions(...)``), otherwise
    only when the step holds them as DCP shards alone - and every written byte is read back
    and compared with the shards before the output is committed; an output already there that
    verifies as this conversion's (the same command, run again after a failed push) is kept,
@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckpt_tools.errors import UsageError
 from ckpt_tools.format import layout
 from ckpt_tools.hub.files import resolve_publish_folder
 from ckpt_tools.hub.push import HubPushError, PushResult, check_repo_id, push_to_hub
 
 if TYPE_CHECKING:
-    from ckpt_tools.convert import ConvertResult
+    from ckpt_tools.convert import ConvertOptions, ConvertResult
 
 CONVERTED_MESSAGE = "Upload converted checkpoint with ckpt-tools"
 
@@ -51,37 +50,41 @@ def publish_checkpoint(
     repo_id: str,
     *,
     private: bool = False,
-    convert: bool | None = None,
+    convert: ConvertOptions | None = None,
     delete_dcp: bool = False,
     revision: str | None = None,
     commit_message: str | None = None,
     token: str | None = None,
     repo_id_flag: str = "--repo-id",
     progress: bool = True,
-    **convert_options: Any,
 ) -> PublishResult:
     """Publish ``checkpoint`` (any path :func:`~ckpt_tools.format.layout.resolve_step` accepts,
     or a folder of converted files) as the Hub model repo ``repo_id``.
 
-    ``convert``: True converts the DCP shards first (``convert_options`` - ``output``,
-    ``dtype``, ``max_shard_size``, ``what``, ``overwrite`` - go to
-    :func:`~ckpt_tools.convert.convert_dcp`, and the conversion's output folder is pushed);
-    False never converts; None (the default) converts only a ``pretrained_model/`` whose weights
-    exist as DCP shards alone. ``delete_dcp`` removes the converted shards after the push
-    succeeded. ``repo_id_flag`` names the option in the message for a malformed repo id.
-    Raises :class:`~ckpt_tools.errors.CkptError` only; nothing is deleted unless the push succeeded.
+    ``convert``: the :class:`~ckpt_tools.convert.options.ConvertOptions` to convert the DCP
+    shards with first (always verified; the conversion's output folder is pushed; its
+    ``delete_dcp`` waits for the push, as ``delete_dcp`` does); None converts, as the options'
+    defaults say, only a ``pretrained_model/`` whose weights exist as DCP shards alone.
+    ``delete_dcp`` removes the converted shards after the push succeeded. ``progress``: False
+    hides the conversion's progress bar. ``repo_id_flag`` names the option in the message for a
+    malformed repo id. Raises :class:`~ckpt_tools.errors.CkptError` only; nothing is deleted
+    unless the push succeeded.
     """
     check_repo_id(repo_id, flag=repo_id_flag)
-    if convert_options and convert is not True:
-        raise UsageError(f"conversion options ({', '.join(sorted(convert_options))}) need convert=True")
-    from ckpt_tools.convert import convert_dcp, delete_converted_dcp
+    from ckpt_tools.convert import ConvertOptions, convert_dcp, delete_converted_dcp
 
     conversion = None
-    folder = None if convert else resolve_publish_folder(checkpoint)
-    if convert or (convert is None and folder is not None and _dcp_only(folder)):
-        source = checkpoint if convert else folder
+    folder = None if convert is not None else resolve_publish_folder(checkpoint)
+    options = convert
+    if options is None and folder is not None and _dcp_only(folder):
+        options = ConvertOptions()  # a dcp-format save: the weights exist only as shards
+    if options is not None:
+        source = checkpoint if convert is not None else folder
         assert source is not None
-        conversion = convert_dcp(source, verify=True, progress=progress, **convert_options)
+        delete_dcp = delete_dcp or options.delete_dcp  # after the push, never before
+        conversion = convert_dcp(
+            source, options.but(verify=True, delete_dcp=False, progress=progress and options.progress)
+        )
         folder = conversion.plan.output_dir
     assert folder is not None
     message = commit_message or (CONVERTED_MESSAGE if conversion is not None else None)

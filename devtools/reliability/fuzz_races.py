@@ -158,7 +158,8 @@ def pause_points(wanted: set[str], *, lease_s: float = CONVERTER_LEASE_S) -> Cal
     """A ``setup`` for the child: pause (once each) at the ``wanted`` points of a conversion."""
 
     def setup() -> None:
-        from ckpt_tools import convert, convert_delete
+        from ckpt_tools import convert
+        from ckpt_tools.convert import delete as convert_delete
         from ckpt_tools.io import dir_lock
         from ckpt_tools.st import writer
 

@@ -37,12 +37,6 @@ from ckpt_tools.hub.files import PublishFile, PublishPlan
 from ckpt_tools.io.safe_read import read_json_file
 
 NEUTRAL = None  # what an absolute local path is published as
-_DRIVE_RE = re.compile(r"^[A-Za-z]:[\\/]")
-
-
-def is_local_path(value: str) -> bool:
-    """An absolute path on some machine (POSIX, home-relative, Windows drive or UNC), not a Hub id."""
-    return len(value) > 1 and (value.startswith(("/", "~", "\\")) or bool(_DRIVE_RE.match(value)))
 
 
 @dataclass(frozen=True)
@@ -74,7 +68,7 @@ def neutralize_json(path: Path) -> Neutralized | None:
 def local_strings(value: Any) -> Iterator[str]:
     """Every string in a JSON value that is an absolute local path."""
     if isinstance(value, str):
-        if is_local_path(value):
+        if layout.is_local_path(value):
             yield value
     elif isinstance(value, dict):
         for item in value.values():
@@ -85,7 +79,7 @@ def local_strings(value: Any) -> Iterator[str]:
 
 
 def _replace(value: Any, dotted: str, fields: list[str], home: str | None) -> Any:
-    if isinstance(value, str) and (is_local_path(value) or (home is not None and home in value)):
+    if isinstance(value, str) and (layout.is_local_path(value) or (home is not None and home in value)):
         fields.append(dotted or "(the whole file)")
         return NEUTRAL
     if isinstance(value, dict):

@@ -18,14 +18,20 @@ import dataclasses
 import json
 import os
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools.format import layout
-from ckpt_tools.format.rules.run_settings import Kind, RunSettings, is_group, read_kind, read_run_settings, value_at
+from ckpt_tools.format.rules.run_settings import (
+    Kind,
+    RunSettings,
+    is_group,
+    read_kind,
+    read_run_settings,
+    read_setting,
+    value_at,
+)
 from ckpt_tools.io.remote import as_path, remote_file
 from ckpt_tools.io.safe_read import read_json_file
 
@@ -192,86 +198,85 @@ class SavedConfig:
             raw["checkpoint"] = {**raw["checkpoint"], "load_from": None, "load": None}
         return raw
 
-    @cached_property
-    def _settings(self) -> RunSettings:
-        return read_run_settings(self.raw, resolve_path=self.resolve)
-
     def run_settings(self) -> RunSettings:
         """What the start-up rules check, as this file says it (None where it does not).
 
         Read by :func:`read_run_settings`, as the trainer reads its own config; the properties
-        below are its fields under the names the tools use.
+        below read one of its fields each, by the same declaration.
         """
-        return self._settings
+        return read_run_settings(self.raw, resolve_path=self.resolve)
+
+    def _setting(self, name: str) -> Any:
+        return read_setting(self.raw, name, resolve_path=self.resolve)
 
     @property
     def batch_size(self) -> int | None:
-        return self._settings.batch_size
+        return self._setting("batch_size")
 
     @property
     def steps(self) -> int | None:
-        return self._settings.steps
+        return self._setting("steps")
 
     @property
     def save_freq(self) -> int | None:
-        return self._settings.save_freq
+        return self._setting("save_freq")
 
     @property
     def grad_accum_steps(self) -> int | None:
-        return self._settings.grad_accum_steps
+        return self._setting("grad_accum_steps")
 
     @property
     def mixed_precision(self) -> str | None:
-        return self._settings.mixed_precision
+        return self._setting("mixed_precision")
 
     @property
     def checkpoint_format(self) -> str | None:
-        return self._settings.checkpoint_format
+        return self._setting("checkpoint_format")
 
     @property
     def dp_replicate(self) -> int | None:
-        return self._settings.dp_replicate
+        return self._setting("dp_replicate")
 
     @property
     def dp_shard(self) -> int | None:
-        return self._settings.dp_shard
+        return self._setting("dp_shard")
 
     @property
     def lr(self) -> float | None:
-        return self._settings.lr
+        return self._setting("lr")
 
     @property
     def policy_path(self) -> str | None:
-        return self._settings.policy_path
+        return self._setting("policy_path")
 
     @property
     def peft(self) -> bool:
-        return self._settings.peft
+        return self._setting("peft")
 
     @property
     def peft_method(self) -> str | None:
-        return self._settings.peft_method
+        return self._setting("peft_method")
 
     @property
     def peft_r(self) -> int | None:
-        return self._settings.peft_r
+        return self._setting("peft_r")
 
     @property
     def seed(self) -> int | None:
-        return self._settings.seed
+        return self._setting("seed")
 
     @property
     def ignored_modules(self) -> str | None:
-        return self._settings.ignored_modules
+        return self._setting("ignored_modules")
 
     @property
-    def mixed_precision_policy(self) -> Mapping[str, object]:
-        return self._settings.mixed_precision_policy
+    def mixed_precision_policy(self) -> dict[str, Any]:
+        return self._setting("mixed_precision_policy")
 
     @property
     def keep_last_n(self) -> int | None:
         """``--checkpoint.keep_last_n`` of the run (None: keeps every checkpoint, or the file does not say)."""
-        return self._settings.keep_last_n
+        return self._setting("keep_last_n")
 
     @property
     def policy_type(self) -> str | None:

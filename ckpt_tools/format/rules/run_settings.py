@@ -8,14 +8,15 @@ trainer and ``reshard-plan``/``verify-resume`` judge the same values the same wa
 
 The readers are lenient: a value that is absent or of the wrong type reads as None, and the
 rule it feeds is not checked (the trainer's config decoder refuses such a file on its own).
-The few fields that are not one flag's value (:data:`DERIVED`) are computed in
-:func:`_derived`, and nowhere else.
+The few fields that are not one flag's value are computed by the functions :data:`DERIVED`
+names, and nowhere else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,10 +122,7 @@ class RunSettings:
     ema_schedule: EmaSchedule | None = None  # the other --ema.* flags
 
 
-# The fields that are not one flag's value; :func:`_derived` computes them.
-DERIVED = ("mixed_precision_policy", "peft", "numbers", "ema_schedule")
-
-
+@functools.cache
 def declared_flags() -> dict[str, tuple[str, Kind]]:
     """Each :class:`RunSettings` field read from a flag: field name -> (dotted flag, kind)."""
     return {f.name: (f.metadata[FLAG], f.metadata[KIND]) for f in dataclasses.fields(RunSettings) if FLAG in f.metadata}
@@ -188,16 +186,39 @@ def numbers(config: object) -> list[tuple[str, object]]:
     return out
 
 
-def _derived(config: object) -> dict[str, Any]:
-    """The fields that are not one flag's value, for :func:`read_run_settings`."""
-    policy = value_at(config, "accelerator.fsdp.mixed_precision_policy")
+def _mixed_precision_policy(config: object) -> dict[str, object]:
+    return {k: v for k, v in children(value_at(config, "accelerator.fsdp.mixed_precision_policy")) if v is not None}
+
+
+def _peft(config: object) -> bool:
+    return is_group(value_at(config, "peft"))
+
+
+def _numbers(config: object) -> tuple[tuple[str, object], ...]:
+    return tuple(numbers(config))
+
+
+def _ema_schedule(config: object) -> EmaSchedule | None:
     ema = value_at(config, "ema")
-    return {
-        "mixed_precision_policy": {k: v for k, v in children(policy) if v is not None},
-        "peft": is_group(value_at(config, "peft")),
-        "numbers": tuple(numbers(config)),
-        "ema_schedule": schedule_from_config(dict(children(ema))) if is_group(ema) else None,
-    }
+    return schedule_from_config(dict(children(ema))) if is_group(ema) else None
+
+
+# The fields that are not one flag's value, and how each is computed from the whole config.
+DERIVED: dict[str, Callable[[object], Any]] = {
+    "mixed_precision_policy": _mixed_precision_policy,
+    "peft": _peft,
+    "numbers": _numbers,
+    "ema_schedule": _ema_schedule,
+}
+
+
+def read_setting(config: object, name: str, resolve_path: Callable[[str], str | None] | None = None) -> Any:
+    """The :class:`RunSettings` field ``name`` as ``config`` says it (see :func:`read_run_settings`)."""
+    if name in DERIVED:
+        return DERIVED[name](config)
+    flag, kind = declared_flags()[name]
+    raw = resolve_path(flag) if kind is Kind.PATH and resolve_path is not None else value_at(config, flag)
+    return read_kind(kind, raw)
 
 
 def read_run_settings(config: object, resolve_path: Callable[[str], str | None] | None = None) -> RunSettings:
@@ -207,8 +228,5 @@ def read_run_settings(config: object, resolve_path: Callable[[str], str | None] 
     ``resolve_path``: how a :attr:`Kind.PATH` flag is read (a saved file's relative paths are
     relative to its run, :meth:`SavedConfig.resolve`); by default, the value as given.
     """
-    values: dict[str, Any] = {}
-    for name, (flag, kind) in declared_flags().items():
-        raw = resolve_path(flag) if kind is Kind.PATH and resolve_path is not None else value_at(config, flag)
-        values[name] = read_kind(kind, raw)
-    return RunSettings(**values, **_derived(config))
+    names = [*declared_flags(), *DERIVED]
+    return RunSettings(**{name: read_setting(config, name, resolve_path) for name in names})

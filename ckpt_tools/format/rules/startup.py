@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.rules.ignored_modules import pattern_problem
 from ckpt_tools.format.rules.run_settings import RunSettings
+from ckpt_tools.format.rules.saved_format import saved_format
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 POLICY_DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy fields
@@ -278,7 +279,8 @@ def _peft(s: RunSettings) -> list[str]:
 
 
 def _load(s: RunSettings) -> list[str]:
-    # Imported here: load_parts reads the manifest, which imports this module.
+    # Imported here: load_parts reads the manifest, whose train_config.json reader imports
+    # ckpt_tools.format.rules, whose __init__ imports this module.
     from ckpt_tools.format.rules.load_parts import setting_problems
 
     return setting_problems(s.load_from, s.load, resume=s.resume, peft=s.peft, policy_path=s.policy_path)
@@ -344,11 +346,6 @@ def _fitting(world_size: int) -> tuple[Fix, ...]:
     if world_size == 1:
         return (one,)
     return Fix((("dp_replicate", 1), ("dp_shard", world_size)), "FSDP"), Fix(one.settings, "DDP")
-
-
-def saved_format(fmt: CheckpointFormat, sharded: bool) -> CheckpointFormat:
-    """The format a run saves in: a non-sharded run has nothing to shard, so it saves one safetensors file."""
-    return fmt if sharded else CheckpointFormat.SAFETENSORS
 
 
 def world_refusals(s: RunSettings, world_size: int) -> tuple[Mesh | None, list[Refusal]]:

@@ -80,8 +80,8 @@ CONFIG_SCALARS = frozenset(
 def top_level_mismatch(config_class: type) -> str | None:
     """How the top-level fields of the trainer's config dataclass differ from the lists above (None: they agree).
 
-    A field whose default is a config group is a group, one that defaults to None but holds a
-    group when given (policy, peft) an optional group, any other a scalar.
+    A field whose default is a config group is a group, one typed as an optional config
+    dataclass (policy, peft: None until given) an optional group, any other a scalar.
     """
     groups, optional, scalars = set(), set(), set()
     hints = typing.get_type_hints(config_class)

@@ -448,15 +448,6 @@ def is_hub_id(path: str) -> bool:
     return path.count("/") == 1 and not path.startswith(("/", ".", "~"))
 
 
-_DRIVE_RE = re.compile(r"^[A-Za-z]:[\\/]")
-
-
-def is_local_path(value: str) -> bool:
-    """An absolute path on some machine (POSIX, home-relative, Windows drive or UNC), not a Hub id:
-    what a published file must not carry (a home directory names its user)."""
-    return len(value) > 1 and (value.startswith(("/", "~", "\\")) or bool(_DRIVE_RE.match(value)))
-
-
 STEPS_NAMED = 5  # newest step names a "no such" message lists (a run may hold thousands)
 
 

@@ -55,7 +55,7 @@ from ckpt_tools.format.ema import checkpoint_has_ema
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import looks_like_adapter
 from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
-from ckpt_tools.format.rules.startup import saved_format
+from ckpt_tools.format.rules.saved_format import saved_format
 from ckpt_tools.format.train_config import SavedConfig
 from ckpt_tools.io.safe_read import read_json_file
 

@@ -14,26 +14,26 @@ with the checkpoint: :meth:`SavedConfig.resolve` is the one resolver.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Iterator
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpt_tools.format import layout
-from ckpt_tools.format.ema import ema_enabled, schedule_from_config
-from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.format.rules.run_settings import (
+    Kind,
+    RunSettings,
+    is_group,
+    read_kind,
+    read_run_settings,
+    read_setting,
+    value_at,
+)
 from ckpt_tools.io.remote import as_path, remote_file
 from ckpt_tools.io.safe_read import read_json_file
-
-
-def _get(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, dict):
-            return None
-        data = data.get(part)
-    return data
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -43,56 +43,14 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     data[last] = value
 
 
-def _int(data: Any, dotted: str) -> int | None:
-    value = _get(data, dotted)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(data: Any, dotted: str) -> float | None:
-    value = _get(data, dotted)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _str(data: Any, dotted: str) -> str | None:
-    value = _get(data, dotted)
+    value = read_kind(Kind.STR, value_at(data, dotted))
     return value if isinstance(value, str) else None
 
 
-def _floats(data: Any, dotted: str) -> list[float] | None:
-    value = _get(data, dotted)
-    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return None
-    return [float(v) for v in value]
-
-
-def numbers(data: Any) -> list[tuple[str, object]]:
-    """Every float of the config, and every list holding one, as (``--dotted.flag``, value).
-
-    JSON reads ``NaN`` and ``Infinity`` as floats, and so does the trainer's flag parser:
-    the start-up rules refuse them wherever they appear, without a list of fields to forget.
-    Walked with an explicit stack: a hostile file nested as deep as ``json`` parses costs no
-    recursion.
-    """
-    out: list[tuple[str, object]] = []
-    if not isinstance(data, dict):
-        return out
-    stack: list[tuple[str, Iterator[tuple[Any, Any]]]] = [("", iter(data.items()))]
-    while stack:
-        prefix, items = stack[-1]
-        item = next(items, None)
-        if item is None:
-            stack.pop()
-            continue
-        key, value = item
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            stack.append((dotted, iter(value.items())))
-        elif isinstance(value, float) or (isinstance(value, list) and any(isinstance(v, float) for v in value)):
-            out.append((f"--{dotted}", value))
-    return out
-
-
-# The top level of TrainConfig as the training core encodes it (a test keeps the two in step).
+# The top level of train_config.json: what the tools accept there without draccus. The training
+# core's TrainConfig is checked against these when it is imported (:func:`top_level_mismatch`),
+# so a field added there and not here stops every trainer start and every test that imports it.
 CONFIG_GROUPS = frozenset(
     {"dataset", "checkpoint", "optimizer", "scheduler", "parallelism", "accelerator", "trackio", "ema"}
 )
@@ -117,6 +75,33 @@ CONFIG_SCALARS = frozenset(
         "max_nonfinite_steps",
     }
 )
+
+
+def top_level_mismatch(config_class: type) -> str | None:
+    """How the top-level fields of the trainer's config dataclass differ from the lists above (None: they agree).
+
+    A field whose default is a config group is a group, one typed as an optional config
+    dataclass (policy, peft: None until given) an optional group, any other a scalar.
+    """
+    groups, optional, scalars = set(), set(), set()
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        if f.default_factory is not dataclasses.MISSING and is_group(f.default_factory()):
+            groups.add(f.name)
+        elif any(dataclasses.is_dataclass(member) for member in typing.get_args(hints[f.name])):
+            optional.add(f.name)
+        else:
+            scalars.add(f.name)
+    declared = {"CONFIG_GROUPS": CONFIG_GROUPS, "OPTIONAL_GROUPS": OPTIONAL_GROUPS, "CONFIG_SCALARS": CONFIG_SCALARS}
+    found = {"CONFIG_GROUPS": groups, "OPTIONAL_GROUPS": optional, "CONFIG_SCALARS": scalars}
+    problems = [
+        f"{name} lacks {sorted(found[name] - declared[name])} and lists {sorted(declared[name] - found[name])}"
+        for name in declared
+        if found[name] != declared[name]
+    ]
+    if not problems:
+        return None
+    return f"{config_class.__name__} and ckpt_tools/format/train_config.py disagree: " + "; ".join(problems)
 
 
 # The fields that hold a local path (policy.path may be a Hub id instead).
@@ -213,129 +198,94 @@ class SavedConfig:
             raw["checkpoint"] = {**raw["checkpoint"], "load_from": None, "load": None}
         return raw
 
+    def run_settings(self) -> RunSettings:
+        """What the start-up rules check, as this file says it (None where it does not).
+
+        Read by :func:`read_run_settings`, as the trainer reads its own config; the properties
+        below read one of its fields each, by the same declaration.
+        """
+        return read_run_settings(self.raw, resolve_path=self.resolve)
+
+    def _setting(self, name: str) -> Any:
+        return read_setting(self.raw, name, resolve_path=self.resolve)
+
     @property
     def batch_size(self) -> int | None:
-        return _int(self.raw, "batch_size")
+        return self._setting("batch_size")
 
     @property
     def steps(self) -> int | None:
-        return _int(self.raw, "steps")
+        return self._setting("steps")
 
     @property
     def save_freq(self) -> int | None:
-        return _int(self.raw, "save_freq")
+        return self._setting("save_freq")
 
     @property
     def grad_accum_steps(self) -> int | None:
-        return _int(self.raw, "accelerator.gradient_accumulation.steps")
+        return self._setting("grad_accum_steps")
 
     @property
     def mixed_precision(self) -> str | None:
-        return _str(self.raw, "accelerator.mixed_precision")
+        return self._setting("mixed_precision")
 
     @property
     def checkpoint_format(self) -> str | None:
-        return _str(self.raw, "checkpoint_format")
+        return self._setting("checkpoint_format")
 
     @property
     def dp_replicate(self) -> int | None:
-        return _int(self.raw, "parallelism.dp_replicate")
+        return self._setting("dp_replicate")
 
     @property
     def dp_shard(self) -> int | None:
-        return _int(self.raw, "parallelism.dp_shard")
+        return self._setting("dp_shard")
 
     @property
     def lr(self) -> float | None:
-        return _float(self.raw, "optimizer.lr")
+        return self._setting("lr")
 
     @property
     def policy_path(self) -> str | None:
-        return self.resolve("policy.path")
+        return self._setting("policy_path")
 
     @property
     def peft(self) -> bool:
-        return isinstance(self.raw.get("peft"), dict)
+        return self._setting("peft")
 
     @property
     def peft_method(self) -> str | None:
-        return _str(self.raw, "peft.method_type")
+        return self._setting("peft_method")
 
     @property
     def peft_r(self) -> int | None:
-        return _int(self.raw, "peft.r")
+        return self._setting("peft_r")
+
+    @property
+    def seed(self) -> int | None:
+        return self._setting("seed")
+
+    @property
+    def ignored_modules(self) -> str | None:
+        return self._setting("ignored_modules")
+
+    @property
+    def mixed_precision_policy(self) -> dict[str, Any]:
+        return self._setting("mixed_precision_policy")
+
+    @property
+    def keep_last_n(self) -> int | None:
+        """``--checkpoint.keep_last_n`` of the run (None: keeps every checkpoint, or the file does not say)."""
+        return self._setting("keep_last_n")
 
     @property
     def policy_type(self) -> str | None:
         return _str(self.raw, "policy.type")
 
     @property
-    def seed(self) -> int | None:
-        return _int(self.raw, "seed")
-
-    @property
     def license(self) -> str | None:
         """The license a model card states: the policy's, else a top-level one."""
         return _str(self.raw, "policy.license") or _str(self.raw, "license")
-
-    @property
-    def ignored_modules(self) -> str | None:
-        return _str(self.raw, "accelerator.fsdp.ignored_modules")
-
-    @property
-    def mixed_precision_policy(self) -> dict[str, Any]:
-        policy = _get(self.raw, "accelerator.fsdp.mixed_precision_policy")
-        return {k: v for k, v in policy.items() if v is not None} if isinstance(policy, dict) else {}
-
-    def run_settings(self) -> RunSettings:
-        """What the start-up rules check, as this file says it (None where it does not)."""
-        raw = self.raw
-        wrap = _get(raw, "accelerator.fsdp.wrap_modules")
-        return RunSettings(
-            steps=self.steps,
-            seed=_int(raw, "seed"),
-            batch_size=self.batch_size,
-            save_freq=self.save_freq,
-            log_freq=_int(raw, "log_freq"),
-            collective_timeout_s=_float(raw, "collective_timeout_s"),
-            grad_accum_steps=self.grad_accum_steps,
-            checkpoint_format=self.checkpoint_format,
-            optimizer_type=_str(raw, "optimizer.type"),
-            lr=self.lr,
-            scheduler_type=_str(raw, "scheduler.type"),
-            mixed_precision=self.mixed_precision,
-            wrap_modules=wrap if isinstance(wrap, list) else None,
-            min_num_params=_int(raw, "accelerator.fsdp.min_num_params"),
-            ignored_modules=self.ignored_modules,
-            mixed_precision_policy=self.mixed_precision_policy,
-            peft=self.peft,
-            peft_method=self.peft_method,
-            peft_r=self.peft_r,
-            policy_path=self.policy_path,
-            dp_replicate=self.dp_replicate,
-            dp_shard=self.dp_shard,
-            numbers=tuple(numbers(raw)),
-            weight_decay=_float(raw, "optimizer.weight_decay"),
-            betas=_floats(raw, "optimizer.betas"),
-            eps=_float(raw, "optimizer.eps"),
-            grad_clip_norm=_float(raw, "optimizer.grad_clip_norm"),
-            warmup_steps=_int(raw, "scheduler.warmup_steps"),
-            min_lr_ratio=_float(raw, "scheduler.min_lr_ratio"),
-            dropout=_float(raw, "policy.dropout"),
-            max_nonfinite_steps=_int(raw, "max_nonfinite_steps"),
-            keep_last_n=self.keep_last_n,
-            last_link=_str(raw, "checkpoint.last_link"),
-            load_from=self.resolve("checkpoint.load_from"),
-            load=_str(raw, "checkpoint.load"),
-            resume=raw.get("resume") is True,
-            ema_enable=ema_enabled(raw),
-            ema_schedule=schedule_from_config(raw["ema"]) if isinstance(raw.get("ema"), dict) else None,
-        )
-
-    @property
-    def keep_last_n(self) -> int | None:
-        """``--checkpoint.keep_last_n`` of the run (None: keeps every checkpoint, or the file does not say)."""
-        return _int(self.raw, "checkpoint.keep_last_n")
 
     @property
     def dataset_root(self) -> str | None:

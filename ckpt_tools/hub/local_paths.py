@@ -34,6 +34,7 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.hub.files import PublishFile, PublishPlan
+from ckpt_tools.io.local_path import is_local_path
 from ckpt_tools.io.safe_read import read_json_file
 
 NEUTRAL = None  # what an absolute local path is published as
@@ -68,7 +69,7 @@ def neutralize_json(path: Path) -> Neutralized | None:
 def local_strings(value: Any) -> Iterator[str]:
     """Every string in a JSON value that is an absolute local path."""
     if isinstance(value, str):
-        if layout.is_local_path(value):
+        if is_local_path(value):
             yield value
     elif isinstance(value, dict):
         for item in value.values():
@@ -79,7 +80,7 @@ def local_strings(value: Any) -> Iterator[str]:
 
 
 def _replace(value: Any, dotted: str, fields: list[str], home: str | None) -> Any:
-    if isinstance(value, str) and (layout.is_local_path(value) or (home is not None and home in value)):
+    if isinstance(value, str) and (is_local_path(value) or (home is not None and home in value)):
         fields.append(dotted or "(the whole file)")
         return NEUTRAL
     if isinstance(value, dict):

@@ -17,56 +17,96 @@ from typing import Any
 import draccus
 
 from ckpt_tools.errors import ConfigError, UsageError
-from ckpt_tools.format.layout import TRAIN_CONFIG, CheckpointFormat
+from ckpt_tools.format.layout import CheckpointFormat
+from ckpt_tools.format.rules.run_settings import RunSettings, read_run_settings
 from ckpt_tools.format.rules.startup import (
-    RunSettings,
+    DEFAULT_SAVE_FREQ,
     default_save_freq,
     default_save_freq_note,
     setting_refusals,
     world_refusals,
 )
-from ckpt_tools.format.train_config import SavedConfig, absolute_path
+from ckpt_tools.format.train_config import absolute_path, top_level_mismatch
+from ckpt_tools.train.flag import flag
 from ckpt_tools.train.policies.configs import PolicyConfig
 
 
 @dataclass
 class DatasetConfig:
-    repo_id: str | None = None
-    root: str | None = None
-    revision: str | None = None
+    repo_id: str | None = flag(
+        None,
+        help=(
+            "A Hub dataset (user/name), resolved through the Hugging Face cache (works offline with "
+            "HF_HUB_OFFLINE=1 once cached). This or --dataset.root is required."
+        ),
+    )
+    root: str | None = flag(
+        None, help="A local dataset directory (meta/info.json, meta/stats.json, data/frames.safetensors)."
+    )
+    revision: str | None = flag(None, help="Hub revision (branch, tag or commit) of --dataset.repo_id.")
 
 
 @dataclass
 class OptimizerConfig:
-    type: str = "adamw"
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip_norm: float = 10.0  # 0 disables clipping
+    type: str = flag("adamw", help="The optimizer.")
+    lr: float = flag(
+        1e-4,
+        help=(
+            "Learning rate; never scaled automatically with the number of processes (the banner says what "
+            "linear scaling would suggest)."
+        ),
+    )
+    weight_decay: float = flag(1e-4, help="AdamW decoupled weight decay (≥ 0).")
+    betas: tuple[float, float] = flag((0.9, 0.999), help="AdamW betas, two numbers in [0, 1): '[0.9,0.999]'.")
+    eps: float = flag(1e-8, help="AdamW epsilon (≥ 0).")
+    grad_clip_norm: float = flag(10.0, help="Clip the global gradient norm to this (0 disables clipping).")
 
 
 @dataclass
 class SchedulerConfig:
-    type: str = "cosine"  # cosine (with warmup) | constant
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
+    type: str = flag(
+        "cosine",
+        help=(
+            "Learning-rate schedule over --steps: cosine (after the warmup) or constant; advanced once per "
+            "loop step whatever the number of processes."
+        ),
+    )
+    warmup_steps: int = flag(0, help="Loop steps of linear warmup.")
+    min_lr_ratio: float = flag(0.1, help="The fraction of --optimizer.lr the cosine schedule ends at, in [0, 1].")
 
 
 @dataclass
 class ParallelismConfig:
-    dp_replicate: int = 1
-    dp_shard: int = 1  # -1: shard over all launched processes (divided by dp_replicate)
+    dp_replicate: int = flag(
+        1,
+        help=(
+            "Data-parallel replicas (HSDP: groups of --parallelism.dp_shard ranks); dp_replicate × dp_shard "
+            "must equal the processes launched."
+        ),
+    )
+    dp_shard: int = flag(
+        1,
+        help=(
+            "Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1: all"
+            " launched processes divided by dp_replicate. 1×1 on several processes is DDP."
+        ),
+    )
 
 
 @dataclass
 class MixedPrecisionPolicyConfig:
     """FSDP2 ``MixedPrecisionPolicy`` fields; once any is set the policy uses these alone."""
 
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    output_dtype: str | None = None
-    cast_forward_inputs: bool | None = None
+    param_dtype: str | None = flag(
+        None,
+        help=(
+            "FSDP2 MixedPrecisionPolicy param_dtype. Once any mixed_precision_policy field is set the policy "
+            "is built from these alone, and this one is required."
+        ),
+    )
+    reduce_dtype: str | None = flag(None, help="FSDP2 MixedPrecisionPolicy reduce_dtype (unset: param_dtype).")
+    output_dtype: str | None = flag(None, help="FSDP2 MixedPrecisionPolicy output_dtype.")
+    cast_forward_inputs: bool | None = flag(None, help="FSDP2 MixedPrecisionPolicy cast_forward_inputs.")
 
     @property
     def any_set(self) -> bool:
@@ -77,34 +117,80 @@ class MixedPrecisionPolicyConfig:
 
 @dataclass
 class FSDPConfig:
-    wrap_modules: list[str] | None = None
-    min_num_params: int | None = None
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    ignored_modules: str | None = None  # regex over module paths (PEFT: base_model.model.…)
+    wrap_modules: list[str] | None = flag(
+        None,
+        help=(
+            "Module class names that become FSDP units, instead of the policy's _fsdp_wrap_modules: "
+            "'[\"ACTEncoderLayer\"]'. Exclusive with --accelerator.fsdp.min_num_params."
+        ),
+    )
+    min_num_params: int | None = flag(
+        None,
+        help=(
+            "Make every submodule holding at least this many parameters (not yet in a unit) an FSDP unit. A "
+            "value no submodule reaches wraps only the root (a warning says so)."
+        ),
+    )
+    reshard_after_forward: bool = flag(
+        True,
+        help=(
+            "Free each unit's gathered parameters after its forward (false: keep them until the backward; "
+            "more memory, fewer all-gathers)."
+        ),
+    )
+    cpu_offload: bool = flag(False, help="Keep sharded parameters, gradients and optimizer state in host memory.")
+    ignored_modules: str | None = flag(
+        None,
+        help=(
+            "Regex over module paths to keep unsharded (their gradients are all-reduced by hand); with PEFT "
+            "the paths start with base_model.model., so start it with .*"
+        ),
+    )
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(default_factory=MixedPrecisionPolicyConfig)
 
 
 @dataclass
 class GradientAccumulationConfig:
-    steps: int = 1
+    steps: int = flag(
+        1,
+        help=(
+            "Micro-batches per optimizer update; gradients are reduced only on the last of each window. "
+            "effective batch = batch_size × dp_world_size × this."
+        ),
+    )
 
 
 @dataclass
 class AcceleratorConfig:
-    mixed_precision: str = "no"
+    mixed_precision: str = flag(
+        "no",
+        help=(
+            "Mixed precision: FSDP2's MixedPrecisionPolicy on sharded runs, autocast otherwise; fp16 also "
+            "builds a loss scaler (saved as scaler_state.json)."
+        ),
+    )
     gradient_accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
 
 @dataclass
 class PeftConfig:
-    method_type: str = "LORA"
-    r: int = 16
-    lora_alpha: int | None = None  # defaults to r
-    lora_dropout: float = 0.0
-    target_modules: list[str] | None = None  # defaults to the policy's linear layers
-    full_training_modules: list[str] | None = None
+    method_type: str = flag(
+        "LORA", help="PEFT method. Any --peft.* flag turns PEFT on; it needs --policy.path (the base)."
+    )
+    r: int = flag(16, help="LoRA rank.")
+    lora_alpha: int | None = flag(None, help="LoRA alpha (none: --peft.r).")
+    lora_dropout: float = flag(0.0, help="Dropout on the LoRA path, in [0, 1].")
+    target_modules: list[str] | None = flag(
+        None,
+        help=(
+            "Linear layers to adapt: '[\"linear1\"]' (none: the policy's linear1, linear2, state_proj and "
+            "linear layers, where present)."
+        ),
+    )
+    full_training_modules: list[str] | None = flag(
+        None, help="Modules trained in full next to the adapters: '[\"action_head\"]'."
+    )
 
 
 @dataclass
@@ -115,73 +201,141 @@ class EMAConfig:
     schedule and its checks are :mod:`ckpt_tools.format.ema`'s.
     """
 
-    enable: bool = False
-    decay: float | None = None  # constant decay at every step; None: the warmup schedule below
-    update_after_step: int = 0  # optimizer updates during which the shadow stays a copy of the weights
-    inv_gamma: float = 1.0
-    power: float = 0.75
-    min_decay: float = 0.0
-    max_decay: float = 0.9999
-    use_for_eval: bool = True
+    enable: bool = flag(
+        False, help="Keep an EMA shadow of the weights, saved in pretrained_model_ema/ (LeRobot's update rule)."
+    )
+    decay: float | None = flag(None, help="Constant EMA decay at every update (none: the warmup schedule below).")
+    update_after_step: int = flag(0, help="Optimizer updates during which the shadow stays a copy of the weights.")
+    inv_gamma: float = flag(1.0, help="Warmup schedule: decay = 1 - (1 + t / inv_gamma) ** -power.")
+    power: float = flag(0.75, help="Warmup schedule power.")
+    min_decay: float = flag(0.0, help="Lower clamp of the scheduled decay.")
+    max_decay: float = flag(0.9999, help="Upper clamp of the scheduled decay.")
+    use_for_eval: bool = flag(
+        True, help="LeRobot's flag (evaluate the EMA weights); kept for its spelling, this trainer runs no eval."
+    )
 
 
 @dataclass
 class TrackioConfig:
-    enable: bool = False
-    project: str | None = None
+    enable: bool = flag(False, help="Log the rank-reduced metrics and the config with trackio (the `tracking` extra).")
+    project: str | None = flag(None, help="trackio project (none: --job_name, else ckpt-tools).")
 
 
 @dataclass
 class CheckpointConfig:
     """How the run keeps its checkpoints, and what a new run starts from (``--checkpoint.<field>``)."""
 
-    # Keep the newest N step directories; each save removes older ones once it is committed
-    # (never `last`, the newest resumable step, or a step a reader holds). None: keep all.
-    keep_last_n: int | None = None
-    # `last`: auto = a symlink, a pointer file where the file system refuses symlinks;
-    # file = always the pointer file (for stores that mangle symlinks).
-    last_link: str = "auto"
-    # Start this new run (step 0, its own --output_dir) from a checkpoint's parts: a step dir,
-    # `last`, a checkpoints/ dir or a run's output dir (its `last`).
-    load_from: str | None = None
-    # The parts to load, a comma list of model, optimizer, scheduler, scaler, rng, or all (a
-    # resume's set); None: model (weights only). The rest start fresh.
-    load: str | None = None
+    keep_last_n: int | None = flag(
+        None,
+        help=(
+            "Keep the newest N checkpoints: each save removes older step dirs once it is committed (never the"
+            " one `last` points at, the newest resumable one, or one a tool is reading). Unset: keep all. "
+            "ckpt-tools prune does the same for a finished run."
+        ),
+    )
+    last_link: str = flag(
+        "auto",
+        help=(
+            "How checkpoints/last is written: auto = a symlink, a pointer file holding the step dir's name "
+            "where the file system refuses symlinks; file = always the pointer file (stores that mangle "
+            "symlinks). Every reader takes either."
+        ),
+    )
+    load_from: str | None = flag(
+        None,
+        help=(
+            "Start this new run (step 0, in --output_dir) from another run's checkpoint: a step dir, `last`, "
+            "checkpoints/ or a run's output dir (its `last`); any layout, onto any topology. Without a "
+            "--policy.* flag the policy is the one it holds. Not with --resume=true."
+        ),
+    )
+    load: str | None = flag(
+        None,
+        help=(
+            "The parts of --checkpoint.load_from to load, a comma list of model, optimizer, scheduler, "
+            "scaler, rng, or all (a resume's set); the others start fresh (unset: model, the weights only)."
+        ),
+        shown_default="model (the weights only) when --checkpoint.load_from is given",
+    )
 
 
 @dataclass
 class TrainConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     policy: PolicyConfig | None = None
-    output_dir: str | None = None
-    job_name: str | None = None
-    seed: int = 1000
-    steps: int = 100
-    batch_size: int = 8
-    # Loop steps between checkpoints (the final step is always saved). None: DEFAULT_SAVE_FREQ,
-    # rounded up to a multiple of the accumulation steps (fill_defaults; the saved config holds the number).
-    save_freq: int | None = None
-    save_checkpoint: bool = True
-    log_freq: int = 10
-    checkpoint_format: str = CheckpointFormat.SAFETENSORS.value
-    # Stage the state to host memory and write the checkpoint in the background while the
-    # loop goes on (at most one save in flight; the same atomic commit and `last` rule).
-    checkpoint_async: bool = False
+    output_dir: str | None = flag(
+        None, help="Where the run writes checkpoints/ and metrics.jsonl.", shown_default="none (required)"
+    )
+    job_name: str | None = flag(None, help="Name of the run (the trackio run name and default project).")
+    seed: int = flag(1000, help="Seed of the initial weights, the data order and each worker's dropout masks.")
+    steps: int = flag(100, help="Loop steps to train: per-worker micro-batches, not optimizer updates (as in LeRobot).")
+    batch_size: int = flag(8, help="Samples per worker per step; a step consumes batch_size × dp_world_size samples.")
+    # None: DEFAULT_SAVE_FREQ rounded up to a multiple of the accumulation steps, filled in by
+    # fill_defaults (the saved config holds the number).
+    save_freq: int | None = flag(
+        None,
+        help=(
+            "Loop steps between checkpoints; the final step is always saved. Must be a multiple of "
+            "--accelerator.gradient_accumulation.steps (a checkpoint never falls inside an accumulation "
+            "window)."
+        ),
+        shown_default=f"{DEFAULT_SAVE_FREQ}, rounded up to a multiple of --accelerator.gradient_accumulation.steps",
+    )
+    save_checkpoint: bool = flag(True, help="Write checkpoints at all.")
+    log_freq: int = flag(10, help="Loop steps between logged steps (rank-averaged loss, samples/s, lr).")
+    checkpoint_format: str = flag(
+        CheckpointFormat.SAFETENSORS.value,
+        help=(
+            "What pretrained_model/ holds on a sharded run: one gathered model.safetensors, DCP shards "
+            "(pytorch_model_fsdp_0/), or both. A non-sharded run always saves safetensors."
+        ),
+    )
+    checkpoint_async: bool = flag(
+        False,
+        help=(
+            "Stage the state to host memory and write the checkpoint in the background while training goes on"
+            " (at most one save in flight; the same atomic commit and `last` rule)."
+        ),
+    )
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: bool = False
-    # A resume refuses to start when the output dir holds checkpoints after the step it resumes
-    # from (it would save over them); true replaces them. Never carried over by a resume.
-    overwrite_checkpoints: bool = False
-    progress_bar: bool = True
-    # How long a rank waits in a collective for the others: a rank that dies or stalls (a
-    # wedged process, a lost node) ends the job with an error after this, instead of a hang.
-    collective_timeout_s: float = 600.0
-    # Audit trail of data order: each rank appends the dataset indices it consumes per step
-    # to <output_dir>/samples/rank<R>.jsonl.
-    log_samples: bool = False
-    # How many optimizer updates a run may skip because the loss (or, without a loss scaler,
-    # the gradient norm) is NaN or infinite; the next one stops it. 0: stop at the first.
-    max_nonfinite_steps: int = 0
+    resume: bool = flag(
+        False,
+        help=(
+            "true: continue from --config_path's checkpoint: weights, optimizer, scheduler, loss scaler, RNG "
+            "and data position, resharded onto this launch's topology. auto: resume --output_dir's "
+            "checkpoints/last (checked as true checks it) if there is one, else start a new run - the same "
+            "command for the first launch and every torchrun --max-restarts relaunch (docs/resume.md)."
+        ),
+    )
+    overwrite_checkpoints: bool = flag(
+        False,
+        help=(
+            "Let a resume save over the checkpoints after the step it resumes from (refused otherwise). Never"
+            " carried over by a later resume."
+        ),
+    )
+    progress_bar: bool = flag(True, help="Show a tqdm progress bar on the main rank.")
+    collective_timeout_s: float = flag(
+        600.0,
+        help=(
+            "Seconds a rank waits for the others in a collective: a rank that died or stalled ends the job "
+            "with an error after this, never a hang."
+        ),
+    )
+    log_samples: bool = flag(
+        False,
+        help=(
+            "Append the dataset indices each rank consumes per step to <output_dir>/samples/rank<R>.jsonl (an"
+            " audit trail of data order)."
+        ),
+    )
+    max_nonfinite_steps: int = flag(
+        0,
+        help=(
+            "Optimizer updates the run may skip because the loss (or, without a loss scaler, the gradient "
+            "norm) is NaN or infinite; the next one stops it with exit code 7."
+        ),
+    )
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -199,11 +353,12 @@ class TrainConfig:
         return CheckpointFormat(self.checkpoint_format)
 
     def run_settings(self) -> RunSettings:
-        """What the start-up rules check, read off this config as ``train_config.json`` saves it.
+        """What the start-up rules check, read off this config by the reader the tools use on ``train_config.json``.
 
-        The tools read the saved file the same way, so trainer and tools check the same values.
+        The same lookup and the same lenient readers, so trainer and tools check the same values;
+        the paths are read as given (a flag is relative to the current directory).
         """
-        return SavedConfig(Path(TRAIN_CONFIG), draccus.encode(self)).run_settings()
+        return read_run_settings(self)
 
     def record_absolute_paths(self) -> None:
         """Make the local paths absolute (flags are relative to the current directory).
@@ -257,10 +412,10 @@ class TrainConfig:
 
         # Hub ids are checked here, before any process group: `${HF_USER}/my_dataset` with
         # HF_USER unset is `/my_dataset`, which huggingface_hub would reject with a traceback.
-        for flag, repo_id in (("--dataset.repo_id", self.dataset.repo_id), ("--policy.repo_id", self.policy.repo_id)):
+        for option, repo_id in (("--dataset.repo_id", self.dataset.repo_id), ("--policy.repo_id", self.policy.repo_id)):
             if repo_id is not None:
                 try:
-                    check_repo_id(repo_id, flag=flag)
+                    check_repo_id(repo_id, flag=option)
                 except UsageError as e:
                     raise ConfigError(str(e)) from None
 
@@ -271,6 +426,13 @@ class TrainConfig:
             raise ConfigError(refusals[0].message)
         assert mesh is not None
         return mesh
+
+
+# The tools read train_config.json's top level from format/train_config.py's lists (no draccus
+# there): this config must match them, or no trainer starts.
+_TOP_LEVEL_MISMATCH = top_level_mismatch(TrainConfig)
+if _TOP_LEVEL_MISMATCH is not None:
+    raise RuntimeError(_TOP_LEVEL_MISMATCH)
 
 
 def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules import consistency, load_plan, save_files, saved_hyperparameters
-from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.format.rules.run_settings import RunSettings
 
 MODEL, OPTIMIZER, SCHEDULER, SCALER, RNG = "model", "optimizer", "scheduler", "scaler", "rng"
 PART_NAMES = (MODEL, OPTIMIZER, SCHEDULER, SCALER, RNG)

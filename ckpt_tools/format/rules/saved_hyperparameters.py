@@ -25,7 +25,7 @@ from ckpt_tools.format import ema, manifest
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import SAVE_ID_KEY
-from ckpt_tools.format.rules.startup import RunSettings
+from ckpt_tools.format.rules.run_settings import RunSettings
 from ckpt_tools.io.safe_read import read_json_file
 
 # AdamW options the trainer never takes from a flag: passed explicitly, so that a saved group

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.format.layout import CheckpointFormat
 from ckpt_tools.format.rules.ignored_modules import pattern_problem
+from ckpt_tools.format.rules.run_settings import RunSettings
+from ckpt_tools.format.rules.saved_format import saved_format
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 POLICY_DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy fields
@@ -39,58 +40,6 @@ FLAGS = {
 }
 
 Mesh = tuple[int, int]  # (dp_replicate, dp_shard)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """The values the start-up rules look at, as plain data.
-
-    The trainer fills every field from its config. A tool reading ``train_config.json`` leaves
-    None what the file does not say (or says with the wrong type): that rule is not checked,
-    since the trainer's config decoder refuses such a file on its own.
-    """
-
-    steps: int | None = None
-    seed: int | None = None
-    batch_size: int | None = None
-    save_freq: int | None = None
-    log_freq: int | None = None
-    collective_timeout_s: float | None = None
-    grad_accum_steps: int | None = None
-    checkpoint_format: str | None = None
-    optimizer_type: str | None = None
-    lr: float | None = None
-    scheduler_type: str | None = None
-    mixed_precision: str | None = None
-    wrap_modules: Sequence[str] | None = None
-    min_num_params: int | None = None
-    ignored_modules: str | None = None
-    # FSDP2 MixedPrecisionPolicy: only the fields that are set (param_dtype, reduce_dtype, ...).
-    mixed_precision_policy: Mapping[str, object] = field(default_factory=dict)
-    peft: bool = False
-    peft_method: str | None = None
-    peft_r: int | None = None
-    policy_path: str | None = None  # None: no --policy.path (PEFT needs one)
-    dp_replicate: int | None = None
-    dp_shard: int | None = None
-    # Every float the config holds, and every list holding one, as (flag, value): each must be
-    # finite - a NaN or infinite hyper-parameter passes every comparison and trains to NaN.
-    numbers: tuple[tuple[str, object], ...] = ()
-    weight_decay: float | None = None
-    betas: Sequence[float] | None = None
-    eps: float | None = None
-    grad_clip_norm: float | None = None
-    warmup_steps: int | None = None
-    min_lr_ratio: float | None = None
-    dropout: float | None = None
-    max_nonfinite_steps: int | None = None
-    keep_last_n: int | None = None  # None: keep every checkpoint
-    last_link: str | None = None
-    load_from: str | None = None  # --checkpoint.load_from: a new run from a checkpoint's parts
-    load: str | None = None  # --checkpoint.load: which parts (None: the model)
-    resume: bool = False
-    ema_enable: bool | None = None  # --ema.enable (None: the config does not say)
-    ema_schedule: EmaSchedule | None = None  # the other --ema.* flags
 
 
 @dataclass(frozen=True)
@@ -330,7 +279,8 @@ def _peft(s: RunSettings) -> list[str]:
 
 
 def _load(s: RunSettings) -> list[str]:
-    # Imported here: load_parts reads the manifest, which imports this module.
+    # Imported here: load_parts reads the manifest, whose train_config.json reader imports
+    # ckpt_tools.format.rules, whose __init__ imports this module.
     from ckpt_tools.format.rules.load_parts import setting_problems
 
     return setting_problems(s.load_from, s.load, resume=s.resume, peft=s.peft, policy_path=s.policy_path)
@@ -396,11 +346,6 @@ def _fitting(world_size: int) -> tuple[Fix, ...]:
     if world_size == 1:
         return (one,)
     return Fix((("dp_replicate", 1), ("dp_shard", world_size)), "FSDP"), Fix(one.settings, "DDP")
-
-
-def saved_format(fmt: CheckpointFormat, sharded: bool) -> CheckpointFormat:
-    """The format a run saves in: a non-sharded run has nothing to shard, so it saves one safetensors file."""
-    return fmt if sharded else CheckpointFormat.SAFETENSORS
 
 
 def world_refusals(s: RunSettings, world_size: int) -> tuple[Mesh | None, list[Refusal]]:

@@ -28,6 +28,7 @@ import struct
 from typing import Any, NamedTuple
 
 from ckpt_tools.dcp.index_file import index_bytes, read_index
+from ckpt_tools.io.local_path import is_local_path
 
 _PUT_OPS = ("PUT", "BINPUT", "LONG_BINPUT")
 _GET_OPS = ("GET", "BINGET", "LONG_BINGET")
@@ -211,6 +212,4 @@ def _string_op(text: str) -> bytes:
 
 
 def _is_absolute(value: str) -> bool:
-    from ckpt_tools.hub.local_paths import is_local_path
-
     return is_local_path(value)

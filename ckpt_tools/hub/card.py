@@ -24,7 +24,7 @@ from ckpt_tools.format.manifest import is_peft
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, read_training_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.hub.files import WEIGHTS, PublishPlan
-from ckpt_tools.hub.local_paths import is_local_path
+from ckpt_tools.io.local_path import is_local_path
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.units import human_bytes, human_count
 

@@ -34,15 +34,10 @@ from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout
 from ckpt_tools.format.rules import save_files
 from ckpt_tools.hub.files import PublishFile, PublishPlan
+from ckpt_tools.io.local_path import is_local_path
 from ckpt_tools.io.safe_read import read_json_file
 
 NEUTRAL = None  # what an absolute local path is published as
-_DRIVE_RE = re.compile(r"^[A-Za-z]:[\\/]")
-
-
-def is_local_path(value: str) -> bool:
-    """An absolute path on some machine (POSIX, home-relative, Windows drive or UNC), not a Hub id."""
-    return len(value) > 1 and (value.startswith(("/", "~", "\\")) or bool(_DRIVE_RE.match(value)))
 
 
 @dataclass(frozen=True)

@@ -9,25 +9,24 @@ the resume reports it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.dcp.scalars import read_scalars as read_dcp_scalars
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts.scheduler_state import read_scheduler_state
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.param_groups import position_names, split_flat_key
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.format.rules.consistency import AdamSteps, StepCounters, problems, summary
-from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.st.header import read_header
 from ckpt_tools.st.scalars import read_scalars as read_st_scalars
 
 
 def read_counters(paths: StepPaths, record: TrainingStep) -> StepCounters:
     """Read the counters of ``paths`` (metadata and a few bytes per parameter, never whole tensors)."""
-    return StepCounters(paths, record, _adam_steps(paths), _scheduler(paths))
+    return StepCounters(paths, record, _adam_steps(paths), read_scheduler_state(paths))
 
 
 def inconsistency(paths: StepPaths, record: TrainingStep) -> str | None:
@@ -74,11 +73,3 @@ def _flat_steps(file: Path) -> dict[str, float]:
             names[key] = param
     values = read_st_scalars(header, list(names))
     return {names[key]: value for key, value in values.items()}
-
-
-def _scheduler(paths: StepPaths) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = read_json_file(paths.scheduler_state, want_object=True)
-    except CkptError:
-        return None  # the scheduler check reports it
-    return data

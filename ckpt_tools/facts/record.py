@@ -20,12 +20,13 @@ def read_record(paths: StepPaths) -> TrainingStep:
     Raises :class:`~ckpt_tools.errors.CheckpointError` (one line) when the record is unusable.
     """
     record = read_training_step(paths.training_step)
-    by_name = _flat_optimizer_by_name(paths) if manifest.derives_topology(record) else None
+    by_name = flat_optimizer_by_name(paths) if manifest.derives_topology(record) else None
     return manifest.complete_record(paths, record, flat_optimizer_by_name=by_name)
 
 
-def _flat_optimizer_by_name(paths: StepPaths) -> bool | None:
-    """Whether the flat optimizer state is keyed by parameter name (LeRobot 0.6.x FSDP); None: cannot tell."""
+def flat_optimizer_by_name(paths: StepPaths) -> bool | None:
+    """Whether the flat optimizer state is keyed by parameter name (LeRobot 0.6.x FSDP), by position
+    (False), or cannot tell (None: not there, or unreadable)."""
     try:
         header = read_header(paths.optimizer_state)
     except CkptError:

@@ -8,6 +8,7 @@ generators. Both are read from the safetensors headers, only where the refusal n
 from __future__ import annotations
 
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts.record import flat_optimizer_by_name
 from ckpt_tools.format import lerobot
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
@@ -29,15 +30,7 @@ def unresumable_reason(
 
 def lerobot_state(paths: StepPaths) -> LerobotState:
     """What the flat optimizer state's keys and the RNG state's say (nothing, where unreadable)."""
-    return LerobotState(_flat_optimizer_keys(paths), _lerobot_rng(paths))
-
-
-def _flat_optimizer_keys(paths: StepPaths) -> bool | None:
-    """LeRobot's flat optimizer state: keyed by name (True), by position (False), or not there (None)."""
-    try:
-        return lerobot.keyed_by_name(list(read_header(paths.optimizer_state).entries))
-    except CkptError:
-        return None
+    return LerobotState(flat_optimizer_by_name(paths), _lerobot_rng(paths))
 
 
 def _lerobot_rng(paths: StepPaths) -> bool:

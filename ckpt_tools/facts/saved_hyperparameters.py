@@ -16,6 +16,7 @@ from ckpt_tools.dcp.reader import read_pickled_object
 from ckpt_tools.dcp.validate import OBJECT_LIMIT, PLAIN_OBJECTS
 from ckpt_tools.errors import CkptError
 from ckpt_tools.facts import ema
+from ckpt_tools.facts.scheduler_state import read_scheduler_state
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
@@ -40,20 +41,12 @@ def problems(paths: StepPaths, settings: RunSettings) -> list[str]:
     """Every disagreement of the saved state of ``paths`` with ``settings``, the EMA schedule's included."""
     if not rule.comparable(settings):
         return []
-    scheduler = _saved_scheduler(paths)
+    scheduler = read_scheduler_state(paths)
     out = rule.problems(settings, _saved_groups(paths), scheduler)
     ema_change = ema.schedule_change(paths, settings.ema_enable, settings.ema_schedule)
     if ema_change is not None:
         out.append(ema_change)
     return out
-
-
-def _saved_scheduler(paths: StepPaths) -> dict[str, Any] | None:
-    try:
-        state: dict[str, Any] = read_json_file(paths.scheduler_state, want_object=True)
-    except (CkptError, OSError, ValueError):
-        return None  # missing or unreadable: the scheduler check says so
-    return state
 
 
 def _saved_groups(paths: StepPaths) -> list[dict[str, Any]] | None:

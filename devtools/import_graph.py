@@ -2,7 +2,8 @@
 
 Layers, bottom first: what a module may import is its own layer or a lower one. ``format/`` is
 the vocabulary of the layout and its rules, so it sits under the readers (``dcp/``, ``st/``) and
-everything else; an import the other way is an *upward* import. A cycle is a set of modules that
+everything else; ``facts/`` reads for the rules what a step's files say, through the readers, so it
+sits right above them. An import the other way is an *upward* import. A cycle is a set of modules that
 import each other, whether or not a function-level import hides it at run time.
 
     python3 -m devtools.import_graph        # counts, cycles and upward imports
@@ -21,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "units", "io"),
     ("format",),
     ("st", "dcp"),
+    ("facts",),
     ("check", "resume", "hub", "retention"),
     ("convert", "inspect"),
     ("cli", "train"),

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ckpt_tools.errors import CheckpointError, UnsafeCheckpoint
+from ckpt_tools.facts.ema_state import read_ema_state
 from ckpt_tools.format.ema import EmaSchedule
-from ckpt_tools.format.ema_state import read_ema_state
 from ckpt_tools.train.ema import EmaShadow, read_lerobot_state
 from ckpt_tools.train.parsing import parse_train_config
 from devtools.procs import run_cli

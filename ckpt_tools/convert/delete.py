@@ -7,7 +7,7 @@ unless every one of these holds:
   user named - a ``last`` or ``pretrained_model/`` symlinked elsewhere is refused - and the
   output is not inside it;
 - *what remains*: a complete checkpoint the trainer resumes bit-exactly - the manifest's
-  rule (:func:`ckpt_tools.format.removal.removal_refusal`) and a conversion without a cast
+  rule (:func:`ckpt_tools.facts.removal.removal_refusal`) and a conversion without a cast
   (:func:`ckpt_tools.format.rules.master_copy_problem`). ``--allow-unresumable`` accepts less,
   and only this half.
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tools.errors import UsageError, WriteError
+from ckpt_tools.facts.removal import dcp_part_at, removal_refusal
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.manifest import Part
-from ckpt_tools.format.removal import dcp_part_at, removal_refusal
 from ckpt_tools.format.rules import master_copy_problem
 from ckpt_tools.io.fsutil import Leftover, delete_aside, find_leftovers, remove_tree
 from ckpt_tools.io.remote import remote_file

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools.errors import CkptError
 from ckpt_tools.format.layout import DCP_METADATA, StepPaths
 from ckpt_tools.format.record import TrainingStep
 
@@ -145,45 +144,16 @@ def resume_refusal(paths: StepPaths, record: TrainingStep, enabled: bool | None)
     return None
 
 
-def saved_schedule(paths: StepPaths) -> tuple[EmaSchedule, str] | None:
-    """The EMA settings the checkpoint was trained with, and where they were read, or None (nothing says).
-
-    ``ema_state.pt`` holds diffusers' numbers (the clamp, ``update_after_step``, ``inv_gamma``,
-    ``power``) beside the shadow; a sharded save has none, and the copy of ``train_config.json``
-    the save recorded (:mod:`ckpt_tools.format.rules.save_files`) says them - never the file on
-    disk, which a user may have edited since.
-    """
-    from ckpt_tools.format.ema_state import read_ema_state_settings
-    from ckpt_tools.format.rules import save_files
-
-    if paths.ema_state.is_file():
-        numbers = read_ema_state_settings(paths.ema_state)
-        low, high = numbers.get("min_decay"), numbers.get("decay")
-        return schedule_from_config(
-            {**numbers, "decay": None, "min_decay": low, "max_decay": high}
-        ), paths.ema_state.name
-    try:
-        saved = save_files.read(paths)
-    except CkptError:
-        return None
-    kept = saved.files.get(save_files.KEPT_CONTENT) if saved is not None else None
-    content = kept.content if kept is not None else None
-    if not isinstance(content, dict) or not isinstance(content.get("ema"), dict):
-        return None
-    return schedule_from_config(content["ema"]), f"{save_files.KEPT_CONTENT} as saved"
-
-
-def schedule_change(paths: StepPaths, enabled: bool | None, schedule: EmaSchedule | None) -> str | None:
+def schedule_change(found: tuple[EmaSchedule, str] | None, schedule: EmaSchedule) -> str | None:
     """The resumed ``--ema.*`` values that differ from the saved run's, as one line; None: the same (or unknown).
 
-    The shadow continues bit-exactly only under the schedule that built it, so a change is
-    refused like a changed optimizer setting (:mod:`ckpt_tools.format.rules.saved_hyperparameters`),
-    by the trainer and ``verify-resume`` alike. Compared as the update computes: the clamp
-    (a constant ``--ema.decay`` pins both ends), ``update_after_step``, ``inv_gamma``, ``power``.
+    ``found``: the saved schedule and where it was read (:func:`ckpt_tools.facts.ema.saved_schedule`),
+    None when nothing says. The shadow continues bit-exactly only under the schedule that built it,
+    so a change is refused like a changed optimizer setting
+    (:mod:`ckpt_tools.format.rules.saved_hyperparameters`), by the trainer and ``verify-resume``
+    alike. Compared as the update computes: the clamp (a constant ``--ema.decay`` pins both
+    ends), ``update_after_step``, ``inv_gamma``, ``power``.
     """
-    if not enabled or schedule is None:
-        return None
-    found = saved_schedule(paths)
     if found is None:
         return None
     saved, where = found

@@ -54,7 +54,8 @@ from ckpt_tools.format import lerobot
 from ckpt_tools.format.ema import checkpoint_has_ema
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.peft_keys import looks_like_adapter
-from ckpt_tools.format.record import Topology, TrainingStep, read_training_step
+from ckpt_tools.format.record import Topology, TrainingStep
+from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.rules.saved_format import saved_format
 from ckpt_tools.format.train_config import SavedConfig
 from ckpt_tools.io.safe_read import read_json_file
@@ -445,6 +446,18 @@ def no_optimizer_reason(step: StepPaths, sharded: bool) -> str:
     return f"{step.training_state}: no optimizer state ({dcp.name} or {flat.name})"
 
 
+def part_containers(part: str, *, fp16: bool) -> tuple[Part, ...]:
+    """The parts a load of ``part`` (a :mod:`~ckpt_tools.format.rules.load_parts` name) may read
+    (the weights and optimizer: whichever is present)."""
+    return {
+        load_parts.MODEL: weights_inputs(False),
+        load_parts.OPTIMIZER: optimizer_inputs(),
+        load_parts.SCHEDULER: (SCHEDULER_STATE,),
+        load_parts.SCALER: (SCALER_STATE,) if fp16 else (),
+        load_parts.RNG: (RNG_STATE,),
+    }[part]
+
+
 def resume_reads(resume: Resume) -> tuple[Part, ...]:
     """The state parts a resume reads whole, besides the weights and optimizer containers it chooses."""
     return tuple(p for p in PARTS if p.read != CHOSEN and getattr(resume, p.read))
@@ -453,16 +466,17 @@ def resume_reads(resume: Resume) -> tuple[Part, ...]:
 # ====================================================================== the record, completed by the files
 
 
-def read_record(paths: StepPaths) -> TrainingStep:
-    """``training_step.json`` of ``paths``, with what the files tell where the record does not.
-
-    Raises :class:`~ckpt_tools.errors.CheckpointError` (one line) when the record is unusable.
-    """
-    return complete_record(paths, read_training_step(paths.training_step))
+def derives_topology(record: TrainingStep) -> bool:
+    """Whether the topology of ``record`` (a LeRobot 0.6.x one) comes from its flat optimizer state's keys."""
+    return record.schema.lerobot and record.topology is None and bool(record.legacy_num_processes)
 
 
-def complete_record(paths: StepPaths, record: TrainingStep) -> TrainingStep:
+def complete_record(paths: StepPaths, record: TrainingStep, *, flat_optimizer_by_name: bool | None) -> TrainingStep:
     """Fill in, from the files, what a LeRobot record leaves out (each named in ``record.derived``).
+
+    ``flat_optimizer_by_name``: where :func:`derives_topology`, whether the flat optimizer state
+    is keyed by parameter name (None: cannot tell); :func:`ckpt_tools.facts.record.read_record`
+    reads it and calls this.
 
     - a 0.6.x record's topology: ``num_processes`` processes, sharded (FSDP) when the flat
       optimizer state is keyed by parameter name - what LeRobot 0.6.x's FSDP save wrote - and
@@ -478,8 +492,8 @@ def complete_record(paths: StepPaths, record: TrainingStep) -> TrainingStep:
         return record
     changes: dict[str, object] = {}
     derived = list(record.derived)
-    if record.topology is None and record.legacy_num_processes:
-        by_name = _flat_optimizer_by_name(paths)
+    if derives_topology(record) and record.legacy_num_processes:
+        by_name = flat_optimizer_by_name
         if by_name is not None:
             n = record.legacy_num_processes
             changes["topology"] = Topology(n, 1, n) if by_name else Topology(n, n, 1)
@@ -494,17 +508,6 @@ def complete_record(paths: StepPaths, record: TrainingStep) -> TrainingStep:
         changes["checkpoint_format"] = fmt.value
         derived.append("checkpoint_format")
     return record.completed(derived=tuple(derived), **changes)
-
-
-def _flat_optimizer_by_name(paths: StepPaths) -> bool | None:
-    """Whether the flat optimizer state is keyed by parameter name (LeRobot 0.6.x FSDP); None: cannot tell."""
-    from ckpt_tools.st.header import read_header
-
-    try:
-        header = read_header(paths.optimizer_state)
-    except CkptError:
-        return None
-    return lerobot.keyed_by_name(list(header.entries))
 
 
 def lerobot_scheduler(paths: StepPaths) -> bool | None:

@@ -12,7 +12,7 @@ they could not tell. Three schemas are read (:class:`RecordSchema`):
   ring_degree, ulysses_degree}}`` - the topology comes from ``parallelism``;
 - LeRobot 0.6.x's (``lerobot/common/train_utils.py`` ``save_training_step``): ``{step,
   num_processes, batch_size}`` for every run, single, DDP or FSDP alike - whether it was
-  sharded only the files tell (:func:`ckpt_tools.format.manifest.read_record` completes it).
+  sharded only the files tell (:func:`ckpt_tools.facts.record.read_record` completes it).
 
 LeRobot records no data position: ``samples_seen`` is derived by LeRobot's own rule
 (:mod:`ckpt_tools.format.rules.sampler_position`) and named in :attr:`TrainingStep.derived`.

@@ -6,7 +6,7 @@ once and :func:`ckpt_tools.format.layout.resolve_step` runs on that listing (a r
 means its newest step; an upload leaves the ``last`` link out). Then only that step's files
 are downloaded - ``snapshot_download`` with ``allow_patterns`` of the step, real bytes, into
 the Hugging Face cache under the commit they came from - and every byte is checked against
-the full digests the save recorded (:mod:`ckpt_tools.format.rules.save_data`) before the
+the full digests the save recorded (:mod:`ckpt_tools.facts.save_data`) before the
 trainer sees them. A folder that passed is marked, so the other ranks of the job, and a
 later resume of the same commit, read it without downloading again; a folder that did not
 pass is never marked, and the next attempt downloads again.
@@ -20,8 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts import save_data
 from ckpt_tools.format import layout
-from ckpt_tools.format.rules import save_data, save_files
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.hub.location import HubLocation, parse_hub_path
 
 VERIFIED = ".ckpt-tools-verified"  # in the download folder: the step under it passed the digests

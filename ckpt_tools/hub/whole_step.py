@@ -23,8 +23,8 @@ import os
 from pathlib import Path
 
 from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.facts import save_files
 from ckpt_tools.format import layout
-from ckpt_tools.format.rules import save_files
 from ckpt_tools.hub.files import WHOLE_RUN, WHOLE_STEP, PublishFile, PublishPlan, checked_file
 
 _DCP_HIDDEN = frozenset({layout.DCP_METADATA, layout.DCP_INDEX})

@@ -3,7 +3,7 @@
 A ``--ema.enable=true`` step holds the shadow as ``pretrained_model_ema/model.safetensors``
 (gathered: LeRobot's and ckpt-train's), ``pretrained_model_ema/pytorch_model_fsdp_0/`` (ckpt-train's
 sharded runs) and/or ``training_state/ema_state.pt`` (diffusers' state, LeRobot's and
-ckpt-train's unsharded runs; read through the restricted reader, :mod:`ckpt_tools.format.ema_state`).
+ckpt-train's unsharded runs; read through the restricted reader, :mod:`ckpt_tools.facts.ema_state`).
 Each form is compared with the live weights in ``pretrained_model/``: the same tensor names,
 shapes and dtypes. A tensor missing or extra, or a shape or dtype that differs, fails the
 ``ema`` check in one line - a resume or an evaluation of those weights would fail on it.
@@ -23,8 +23,8 @@ from ckpt_tools.check import Check
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts.ema_state import read_ema_state
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.ema_state import read_ema_state
 from ckpt_tools.format.record import TrainingStep
 from ckpt_tools.st import dtypes
 from ckpt_tools.st.header import read_header

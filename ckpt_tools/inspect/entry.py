@@ -7,8 +7,8 @@ import os
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.facts import save_data
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.rules import save_data
 from ckpt_tools.inspect.dcp import inspect_dcp
 from ckpt_tools.inspect.records import verify_below
 from ckpt_tools.inspect.report import InspectReport, set_subject

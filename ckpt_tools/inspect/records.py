@@ -1,7 +1,7 @@
 """The checks against the record a ckpt-train save keeps of its files: ``save files`` (are these
 the files that save wrote? the rule the resume refuses by) and, with ``--verify-data``,
 ``data digests``: every byte the save recorded read against the full digests it computed as it
-wrote them (:mod:`ckpt_tools.format.rules.save_data`) - failed by any byte that differs (a bit
+wrote them (:mod:`ckpt_tools.facts.save_data`) - failed by any byte that differs (a bit
 flipped in the middle of a shard, which the save-files check's 4 KiB ends do not see), with
 the speed it read at. A step without such a record gets a ``warn``: no per-byte verification
 is possible; the checkpoint is not called unhealthy for it.
@@ -13,8 +13,10 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts import save_data
+from ckpt_tools.facts import save_files as files_against_record
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.rules import save_data, save_files
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.inspect.report import InspectReport
 
 
@@ -28,7 +30,7 @@ def save_files_check(paths: L.StepPaths, report: InspectReport, part: str | None
     if saved is None:
         report.notes.append(save_files.describe(None))
         return
-    found = [f for f in save_files.problems(paths, saved) if part is None or f.startswith(part + "/")]
+    found = [f for f in files_against_record.problems(paths, saved) if part is None or f.startswith(part + "/")]
     if found:
         report.checks.append(Check.fail("save files", save_files.summary(paths, found)))
         return

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts.record import read_record
+from ckpt_tools.facts.resumable import unresumable_reason
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import manifest
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import load_parts, unresumable_reason
+from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.inspect import ema
 from ckpt_tools.inspect.checks import header_check, leftovers, relative
@@ -59,7 +61,7 @@ def inspect_step(paths: L.StepPaths, report: InspectReport, tensors: bool, only:
 def _training_step(paths: L.StepPaths, report: InspectReport) -> TrainingStep | None:
     """The step's record, completed from its files for LeRobot's; its facts and notes into ``report``."""
     try:
-        record = manifest.read_record(paths)  # LeRobot records: completed from what the files say
+        record = read_record(paths)  # LeRobot records: completed from what the files say
     except CheckpointError as e:
         report.checks.append(Check.fail("training_step.json", str(e)))
         return None

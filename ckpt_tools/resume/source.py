@@ -16,6 +16,7 @@ from pathlib import Path
 from ckpt_tools.dcp import validate
 from ckpt_tools.dcp.index import ChunkIndex
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts.record import read_record
 from ckpt_tools.format import layout as L
 from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import position_names, split_flat_key
@@ -92,7 +93,7 @@ class ResumeSource:
 
 def load_source(paths: L.StepPaths) -> ResumeSource:
     """Describe ``paths`` as the loader sees it. Raises only when ``training_step.json`` is unusable."""
-    record = manifest.read_record(paths)
+    record = read_record(paths)
     config, config_error = None, None
     try:
         config = read_saved_config(paths.train_config)

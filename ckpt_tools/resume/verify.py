@@ -18,7 +18,8 @@ from typing import Any
 
 from ckpt_tools.check import FAIL, WARN, Check, Subject
 from ckpt_tools.errors import CkptError, UsageError
-from ckpt_tools.format import manifest
+from ckpt_tools.facts import load_parts as load_sources
+from ckpt_tools.facts.record import read_record
 from ckpt_tools.format.layout import resolve_step
 from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
@@ -112,7 +113,7 @@ def verify_load(checkpoint: str | os.PathLike[str], load: str | None, *, fp16: b
     """Would ``ckpt-train --checkpoint.load_from=CHECKPOINT --checkpoint.load=LOAD`` start? (not a resume).
 
     The checks are the trainer's own start-up rule for the parts chosen
-    (:func:`ckpt_tools.format.rules.load_parts.source_checks`), one per part: only those parts'
+    (:func:`ckpt_tools.facts.load_parts.source_checks`), one per part: only those parts'
     files are judged, so a checkpoint whose optimizer state is damaged passes for ``model``.
     ``fp16``: the new run has a loss scaler (``scaler`` is read only then). Raises
     :class:`~ckpt_tools.errors.UsageError` for an unknown part name.
@@ -126,14 +127,14 @@ def verify_load(checkpoint: str | os.PathLike[str], load: str | None, *, fp16: b
     report = VerifyReport(subject.checkpoint or str(paths.root), subject.step, None, "a new run (any topology)", False)
     report.load = parts
     try:
-        record = manifest.read_record(paths)
+        record = read_record(paths)
     except CkptError as e:
         report.checks.append(Check.fail("training-step", str(e)))
         return report
     subject = Subject.of(paths.root, record)
     report.step, report.topology = subject.step, subject.topology
     report.checks.append(Check.ok("training-step", f"step {record.step}"))
-    for found in load_parts.source_checks(paths, record, parts, fp16=fp16):
+    for found in load_sources.source_checks(paths, record, parts, fp16=fp16):
         name = f"load-{found.part}"
         report.checks.append(
             Check.fail(name, found.problem) if found.problem else Check.ok(name, f"reads {found.reads}")

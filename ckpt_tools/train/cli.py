@@ -114,7 +114,8 @@ def _load_source(cfg: TrainConfig) -> LoadSource | None:
 
 
 def load_parts_line(source: LoadSource) -> str:
-    from ckpt_tools.format.rules.load_parts import describe, initialized_from
+    from ckpt_tools.facts.load_parts import initialized_from
+    from ckpt_tools.format.rules.load_parts import describe
 
     return describe(initialized_from(source.paths, source.record, source.parts))
 

@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ckpt_tools.dcp.torch_file import read_contiguous
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts.ema_state import NAMES_KEY, read_ema_state
 from ckpt_tools.format.ema import EmaSchedule
-from ckpt_tools.format.ema_state import NAMES_KEY, read_ema_state
 
 
 class EmaShadow:
@@ -109,7 +109,7 @@ def save_lerobot_state(state: dict[str, Any], path: Path) -> None:
 def read_lerobot_state(path: Path, expected: EmaShadow) -> tuple[dict[str, torch.Tensor], int]:
     """``ema_state.pt`` back: (shadow by name, optimization_step), through the tools' restricted reader.
 
-    Nothing in the file runs (:func:`ckpt_tools.format.ema_state.read_ema_state`). LeRobot's own
+    Nothing in the file runs (:func:`ckpt_tools.facts.ema_state.read_ema_state`). LeRobot's own
     file has no names: its tensors are matched by the parameters' order, as diffusers'
     ``load_state_dict`` matches them.
     """

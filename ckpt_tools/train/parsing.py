@@ -314,12 +314,13 @@ def _with_source_policy(base: dict[str, Any], load_from: str) -> dict[str, Any]:
         raise CheckpointError(f"--checkpoint.load_from={e}") from None
     if isinstance(base.get("policy"), dict):
         return base  # --config_path names the policy
-    from ckpt_tools.format.manifest import read_record
+    from ckpt_tools.facts import load_parts as load_sources
+    from ckpt_tools.facts.record import read_record
     from ckpt_tools.format.rules import load_parts
 
     record = read_record(step)
     if record.peft:  # its pretrained_model/ holds an adapter: the line says what to pass instead
-        raise CheckpointError(load_parts.source_refusal(step, record, load_parts.DEFAULT, fp16=False) or "")
+        raise CheckpointError(load_sources.source_refusal(step, record, load_parts.DEFAULT, fp16=False) or "")
     policy: dict[str, Any] = read_json_file(
         step.policy_config, label=f"--checkpoint.load_from={step.policy_config}", want_object=True
     )

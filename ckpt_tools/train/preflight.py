@@ -24,8 +24,9 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts import load_plan
 from ckpt_tools.format.layout import StepPaths, resolve_step
-from ckpt_tools.format.rules import load_parts, load_plan
+from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.rules.resume_output import new_run_refusal
 from ckpt_tools.train.config import TrainConfig
 

@@ -70,7 +70,7 @@ def measure(step: Path, rank: int, *, every_chunk: bool = False) -> dict[str, An
     from torch.distributed.tensor import Replicate, Shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from ckpt_tools.format.manifest import read_record
+    from ckpt_tools.facts.record import read_record
     from ckpt_tools.train.checkpoint.load import preflight_resume
     from ckpt_tools.train.checkpoint.safe_dcp import (
         SafeLoadPlanner,

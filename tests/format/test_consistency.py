@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.facts import consistency as counters_of
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import read_training_step
 from ckpt_tools.format.rules import consistency
@@ -49,7 +50,7 @@ def edit_record(paths: StepPaths, **changes: object) -> None:
 
 
 def reason(step: StepPaths) -> str | None:
-    return consistency.inconsistency(step, read_training_step(step.training_step))
+    return counters_of.inconsistency(step, read_training_step(step.training_step))
 
 
 def test_every_checkpoint_the_trainer_writes_is_from_one_step(runs: dict[str, Path]) -> None:
@@ -58,7 +59,7 @@ def test_every_checkpoint_the_trainer_writes_is_from_one_step(runs: dict[str, Pa
             step = StepPaths(step_dir(run, number))
             record = read_training_step(step.training_step)
             assert record.adam_step == number, name  # the trainer records the optimizer's own count
-            counters = consistency.read_counters(step, record)
+            counters = counters_of.read_counters(step, record)
             assert consistency.problems(counters) == [], name
             assert counters.adam is not None and set(counters.adam.steps.values()) == {float(number)}
             assert counters.scheduler is not None and counters.scheduler["last_epoch"] == number

@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts.record import read_record
 from ckpt_tools.format import layout, lerobot, manifest
 from ckpt_tools.format.param_groups import read_param_groups
 from ckpt_tools.format.record import Layout, RecordSchema, TrainingStep
@@ -127,12 +128,12 @@ def lerobot_0_6_step(root: Path, *, by_name: bool, num_processes: int = 2) -> la
 
 
 def test_the_files_tell_a_0_6_fsdp_run_from_a_ddp_one(tmp_path: Path) -> None:
-    fsdp = manifest.read_record(lerobot_0_6_step(tmp_path / "fsdp", by_name=True))
+    fsdp = read_record(lerobot_0_6_step(tmp_path / "fsdp", by_name=True))
     assert fsdp.topology is not None and fsdp.topology.layout is Layout.FSDP and fsdp.sharded is True
     assert fsdp.checkpoint_format == "safetensors" and {"topology", "checkpoint_format"} <= set(fsdp.derived)
-    ddp = manifest.read_record(lerobot_0_6_step(tmp_path / "ddp", by_name=False))
+    ddp = read_record(lerobot_0_6_step(tmp_path / "ddp", by_name=False))
     assert ddp.topology is not None and ddp.topology.layout is Layout.DDP and ddp.sharded is False
-    single = manifest.read_record(lerobot_0_6_step(tmp_path / "one", by_name=False, num_processes=1))
+    single = read_record(lerobot_0_6_step(tmp_path / "one", by_name=False, num_processes=1))
     assert single.topology is not None and single.topology.layout is Layout.SINGLE
 
 

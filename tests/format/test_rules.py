@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_tools.facts.resumable import unresumable_reason
 from ckpt_tools.format import manifest
 from ckpt_tools.format.dataset import stats_problem
 from ckpt_tools.format.layout import StepPaths, split_flat_optimizer_key
 from ckpt_tools.format.param_groups import split_flat_key
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, layout_for
-from ckpt_tools.format.rules import resume_output, unresumable_reason
+from ckpt_tools.format.rules import resume_output
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.ignored_modules import (
     ignored_regex,

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts import save_data, save_stamps
+from ckpt_tools.facts import save_files as files_against_record
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.format.rules import save_data, save_files, save_stamps
+from ckpt_tools.format.rules import save_files
 from ckpt_tools.inspect import inspect_path
 from devtools.training import LEGACY_CHECKPOINT, step_dir
 from tests.support.cli import invoke_cli
@@ -65,7 +67,7 @@ def test_every_file_is_digested_whole_and_stamped(runs: dict[str, Path]) -> None
 def test_a_flipped_bit_mid_shard_is_found_by_verify_data_only(runs: dict[str, Path], tmp_path: Path) -> None:
     step = copy_step(runs["fsdp"], 8, tmp_path)  # safetensors_dcp: DCP shards and the gathered file
     flip_middle_bit(step.root / SHARD)
-    assert save_files.mismatch(step) is None  # the 4 KiB ends are intact
+    assert files_against_record.mismatch(step) is None  # the 4 KiB ends are intact
     assert inspect_path(step.root).healthy
     proc = invoke_cli("inspect", str(step.root), "--verify-data")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -96,7 +98,7 @@ def test_a_schema_1_record_is_still_read(runs: dict[str, Path], tmp_path: Path) 
     step.save_files.write_text(json.dumps(doc))
     saved = save_files.read(step)
     assert saved is not None and not any(f.verifiable for f in saved.files.values())
-    assert save_files.mismatch(step) is None
+    assert files_against_record.mismatch(step) is None
     report = inspect_path(step.root, verify_data=True)
     (check,) = [c for c in report.checks if c.name == "data digests"]
     assert check.status == "warn" and "no per-byte verification is possible" in check.message

@@ -19,6 +19,7 @@ import torch
 
 from ckpt_tools.convert import convert_dcp
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.facts import save_files as files_against_record
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_files
@@ -57,7 +58,7 @@ def test_every_save_records_its_files(runs: dict[str, Path]) -> None:
                 f"{L.TRAINING_STATE_DIR}/{L.SAVE_FILES}"
             }
             assert set(saved.files) == on_disk, name  # every file, each rank's shards included
-            assert save_files.problems(paths, saved) == [], name
+            assert files_against_record.problems(paths, saved) == [], name
             assert not saved.files[f"{L.TRAINING_STATE_DIR}/{L.RNG_STATE}"].sampled  # small: its whole content
             ids.add(saved.save_id)
         assert len(ids) == 2, name  # one id per save
@@ -70,7 +71,7 @@ def test_a_file_from_another_save_is_refused_by_every_caller(runs: dict[str, Pat
     rel = TAKEN[what]
     shutil.copyfile(step_dir(run, 4) / rel, step.root / rel)  # the same file of the step-4 save
 
-    line = save_files.mismatch(step)
+    line = files_against_record.mismatch(step)
     assert line is not None and rel in line, line
     if "shard" not in what:  # a file that carries its save's id says which save it came from
         assert "stamped by save" in line, line
@@ -88,7 +89,7 @@ def test_a_dcp_file_the_save_did_not_write_is_refused(runs: dict[str, Path], tmp
     step = copy_step(runs["hsdp"], 8, tmp_path)
     extra = step.optimizer_dcp / "__9_0.distcp"
     shutil.copyfile(step.optimizer_dcp / "__0_0.distcp", extra)
-    line = save_files.mismatch(step)
+    line = files_against_record.mismatch(step)
     assert line is not None and "__9_0.distcp: a DCP file the save did not write" in line
 
 
@@ -96,7 +97,7 @@ def test_a_file_added_after_the_save_is_not_judged(runs: dict[str, Path], tmp_pa
     """``convert-dcp`` writes model.safetensors next to the shards: not the save's, and not a mix-up."""
     step = copy_step(runs["hsdp"], 8, tmp_path)
     (step.pretrained_model / "notes.txt").write_text("converted on a laptop")
-    assert save_files.mismatch(step) is None
+    assert files_against_record.mismatch(step) is None
     assert verify_resume(step.root).resumable
 
 
@@ -113,7 +114,7 @@ def test_a_malformed_record_is_one_line(runs: dict[str, Path], tmp_path: Path) -
 def test_a_checkpoint_without_a_record_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
     step = copy_step(runs["ddp"], 8, tmp_path)
     step.save_files.unlink()
-    assert save_files.mismatch(step) is None
+    assert files_against_record.mismatch(step) is None
     assert any("no record of the save's files" in note for note in inspect_path(step.root).notes)
 
 
@@ -121,7 +122,7 @@ def mixed_up_resume(run: Path, tmp_path: Path, what: str, nproc: int) -> tuple[s
     """Step 8 of ``run`` with ``what`` from its step-4 save; (the tools' line, the real resume of it)."""
     step = copy_step(run, 8, tmp_path)
     shutil.copyfile(step_dir(run, 4) / TAKEN[what], step.root / TAKEN[what])
-    line = save_files.mismatch(step)
+    line = files_against_record.mismatch(step)
     assert line is not None
     args = ("--resume=true", f"--config_path={step.train_config}", f"--output_dir={tmp_path / 'resumed'}", "--steps=10")
     return line, train(*args, nproc=nproc, timeout=240)
@@ -147,7 +148,7 @@ def test_a_convert_into_the_step_records_what_it_wrote(runs: dict[str, Path], tm
     step = copy_step(runs["fsdp"], 8, tmp_path)  # safetensors_dcp: model.safetensors beside the shards
     before = save_files.read(step)
     convert_dcp(step.root, dtype="bf16", overwrite=True)  # a different file than the save wrote
-    assert save_files.mismatch(step) is None
+    assert files_against_record.mismatch(step) is None
     after = save_files.read(step)
     assert after is not None and before is not None and after.save_id == before.save_id
     rel = f"{L.PRETRAINED_MODEL_DIR}/{L.MODEL_WEIGHTS}"

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from ckpt_tools.facts import saved_hyperparameters
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.format.rules import saved_hyperparameters
 from ckpt_tools.format.train_config import read_saved_config
 from ckpt_tools.resume.verify import verify_resume
 from devtools.training import step_dir, train

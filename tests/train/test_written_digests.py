@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ckpt_tools.format.rules import save_stamps
+from ckpt_tools.facts import save_stamps
 from ckpt_tools.io import digest
 from ckpt_tools.train.checkpoint.dcp_io import dcp_save
 from ckpt_tools.train.checkpoint.gathered_write import RowWriter, write_gathered

@@ -1,7 +1,8 @@
 """The rules that decide how a run starts and resumes, defined once for the trainer and the tools.
 
 - :mod:`.startup`: the start-up refusals and the data-parallel mesh a launch builds;
-- :mod:`.resumable`: whether a checkpoint's layout can be resumed at all, and bit-exactly;
+- :mod:`.resumable`: whether a checkpoint's layout can be resumed at all, and bit-exactly
+  (:func:`ckpt_tools.facts.resumable.unresumable_reason` reads what it needs from the files);
 - :mod:`.data_order`: whether a resume is sample-exact;
 - :mod:`.scaling`: the linear-scaling suggestion for lr and steps;
 - :mod:`.ignored_modules`: which modules ``--accelerator.fsdp.ignored_modules`` keeps unsharded.
@@ -13,7 +14,7 @@ None of them needs torch: the trainer calls them on its config, ``reshard-plan``
 from __future__ import annotations
 
 from ckpt_tools.format.rules.data_order import DataOrderChange
-from ckpt_tools.format.rules.resumable import master_copy_problem, unresumable_reason
+from ckpt_tools.format.rules.resumable import master_copy_problem
 from ckpt_tools.format.rules.scaling import LinearScaling, linear_scaling
 from ckpt_tools.format.rules.startup import (
     MIXED_PRECISION_CHOICES,
@@ -34,6 +35,5 @@ __all__ = [
     "master_copy_problem",
     "resolve_parallelism",
     "setting_refusals",
-    "unresumable_reason",
     "world_refusals",
 ]

@@ -17,7 +17,8 @@ existed. So before a resume every counter is compared with the record's ``step``
   ``epoch × dataset_size + offset`` = ``samples_seen``.
 
 A part that cannot be read is not compared here: the check that reads it for the resume
-reports it. The trainer refuses an inconsistent checkpoint before any process group exists
+reports it. The counters are read by :mod:`ckpt_tools.facts.consistency`; this module judges
+them. The trainer refuses an inconsistent checkpoint before any process group exists
 (``ckpt_tools/train/checkpoint/load.py``); ``verify-resume`` and ``reshard-plan`` fail its
 ``consistency`` check with the same line.
 """
@@ -29,13 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpt_tools.errors import CkptError
-from ckpt_tools.format import layout as L
-from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.format.param_groups import position_names, split_flat_key
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.io.safe_read import read_json_file
 
 
 @dataclass(frozen=True)
@@ -54,11 +50,6 @@ class StepCounters:
     record: TrainingStep
     adam: AdamSteps | None
     scheduler: dict[str, Any] | None
-
-
-def read_counters(paths: StepPaths, record: TrainingStep) -> StepCounters:
-    """Read the counters of ``paths`` (metadata and a few bytes per parameter, never whole tensors)."""
-    return StepCounters(paths, record, _adam_steps(paths), _scheduler(paths))
 
 
 def problems(counters: StepCounters) -> list[str]:
@@ -88,12 +79,6 @@ def summary(found: list[str]) -> str:
     """The one line for :func:`problems`' findings (the first, and how many more)."""
     more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
     return f"{found[0]}{more} - the parts of this checkpoint are not from one step; it cannot be resumed"
-
-
-def inconsistency(paths: StepPaths, record: TrainingStep) -> str | None:
-    """One line saying why the parts of ``paths`` do not belong to one step, or None when they do."""
-    found = problems(read_counters(paths, record))
-    return summary(found) if found else None
 
 
 def describe(counters: StepCounters) -> str:
@@ -136,61 +121,7 @@ def _adam_problems(adam: AdamSteps, record: TrainingStep) -> list[str]:
     return []
 
 
-def _adam_steps(paths: StepPaths) -> AdamSteps | None:
-    """The counters of the optimizer container the loader chooses; None when it is absent or unreadable."""
-    chosen = manifest.choose(manifest.optimizer_inputs(), paths)
-    if chosen is None:
-        return None
-    main = chosen.paths(paths)[0]
-    try:
-        return AdamSteps(main, _dcp_steps(main) if chosen.is_dcp else _flat_steps(main))
-    except (CkptError, OSError, ValueError):
-        return None  # the optimizer check reports what is wrong with it
-
-
-def _dcp_steps(directory: Path) -> dict[str, float]:
-    from ckpt_tools.dcp.index import ChunkIndex
-    from ckpt_tools.dcp.scalars import read_scalars
-
-    index = ChunkIndex.load(directory)
-    names = {}
-    for fqn, entry in index.tensors.items():
-        path = entry.path
-        if len(path) >= 4 and path[0] == L.OPTIMIZER_DCP_KEY and path[1] == "state" and path[-1] == "step":
-            names[fqn] = ".".join(str(p) for p in path[2:-1])
-    values = read_scalars(index, list(names))
-    return {names[fqn]: value for fqn, value in values.items()}
-
-
-def _flat_steps(file: Path) -> dict[str, float]:
-    from ckpt_tools.st.header import read_header
-    from ckpt_tools.st.scalars import read_scalars
-
-    header = read_header(file)
-    if header.problems:
-        return {}
-    try:
-        by_position = position_names(header.metadata, file)
-    except CkptError:
-        return {}  # the optimizer check reports it
-    names = {}
-    for key in header.entries:
-        param, slot = split_flat_key(key, by_position)
-        if slot == "step":
-            names[key] = param
-    values = read_scalars(header, list(names))
-    return {names[key]: value for key, value in values.items()}
-
-
 # ---------------------------------------------------------------------- the LR scheduler
-
-
-def _scheduler(paths: StepPaths) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = read_json_file(paths.scheduler_state, want_object=True)
-    except CkptError:
-        return None  # the scheduler check reports it
-    return data
 
 
 def _scheduler_problems(state: dict[str, Any], paths: StepPaths, record: TrainingStep) -> list[str]:

@@ -8,45 +8,15 @@ could not know the model, and called such a checkpoint resumable; now the traine
 (:mod:`ckpt_tools.train.preflight`, run by ``ckpt-train --dry_run=true`` and by
 ``verify-resume`` where torch is installed) and the load itself compare the same two tables with
 this one function, torch-free: names and shapes of the saved weights come from the safetensors
-header or the DCP metadata, never from the tensor data.
+header or the DCP metadata, never from the tensor data (read by :mod:`ckpt_tools.facts.load_plan`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ckpt_tools.errors import CkptError
-from ckpt_tools.format import layout as L
-from ckpt_tools.format import manifest
-from ckpt_tools.format.layout import StepPaths
-
 Shape = tuple[int, ...]
 LISTED = 3  # names a line gives; the rest are counted
-
-
-def saved_shapes(paths: StepPaths) -> dict[str, Shape] | None:
-    """Name -> shape of the whole-model weights the resume reads (None: none readable here, another check says why)."""
-    chosen = manifest.choose(manifest.weights_inputs(False), paths)
-    if chosen is None:
-        return None
-    try:
-        if chosen is manifest.MODEL_DCP:
-            from ckpt_tools.dcp.index import ChunkIndex
-
-            index = ChunkIndex.load(paths.root / chosen.path)
-            return {
-                ".".join(str(p) for p in entry.path[1:]): tuple(entry.shape)
-                for entry in index.tensors.values()
-                if entry.path and entry.path[0] == L.MODEL_DCP_KEY
-            }
-        from ckpt_tools.st.header import read_header
-
-        header = read_header(paths.root / chosen.path)
-        if header.problems:
-            return None
-        return {name: tuple(entry.shape) for name, entry in header.entries.items()}
-    except (CkptError, OSError, ValueError):
-        return None
 
 
 def problems(expected: Mapping[str, Shape], saved: Mapping[str, Shape], *, strict: bool) -> list[str]:
@@ -66,18 +36,6 @@ def problems(expected: Mapping[str, Shape], saved: Mapping[str, Shape], *, stric
     if extra:
         out.append(f"the checkpoint holds {_names(extra)} that the model the config builds does not have")
     return out
-
-
-def mismatch(paths: StepPaths, expected: Mapping[str, Shape]) -> str | None:
-    """One line: why the weights of ``paths`` do not load into a model of ``expected`` shapes (None: they do)."""
-    saved = saved_shapes(paths)
-    if saved is None:
-        return None
-    strict = manifest.choose(manifest.weights_inputs(False), paths) is not manifest.MODEL_DCP
-    found = problems(expected, saved, strict=strict)
-    if not found:
-        return None
-    return f"{paths.root}: its weights do not fit the model: {'; '.join(found)}"
 
 
 def _names(names: list[str]) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ckpt_tools.errors import CkptError
 from ckpt_tools.format import layout, lerobot
@@ -58,20 +59,41 @@ def checkpoint_trainer(paths: StepPaths, record: TrainingStep) -> Trainer:
     return Trainer.CKPT_TRAIN
 
 
+@dataclass(frozen=True)
+class LerobotState:
+    """What a LeRobot checkpoint's state files say of the trainer that wrote them (read by
+    :func:`ckpt_tools.facts.resumable.lerobot_state`; the refusal of such a checkpoint names them)."""
+
+    optimizer_by_name: bool | None = None  # the flat optimizer state: keyed by name, by position, or not there
+    one_process_rng: bool = False  # the RNG state is one process's Python, NumPy and torch generators
+
+
+def needs_lerobot_state(paths: StepPaths, record: TrainingStep, trainer: Trainer) -> bool:
+    """Whether :func:`unresumable_reason` names a LeRobot checkpoint's state (``ckpt-train`` refusing it)."""
+    return trainer is Trainer.CKPT_TRAIN and checkpoint_trainer(paths, record) is Trainer.LEROBOT
+
+
 def unresumable_reason(
-    paths: StepPaths, record: TrainingStep, *, has_optimizer: bool, trainer: Trainer = Trainer.CKPT_TRAIN
+    paths: StepPaths,
+    record: TrainingStep,
+    *,
+    has_optimizer: bool,
+    lerobot_state: LerobotState,
+    trainer: Trainer = Trainer.CKPT_TRAIN,
 ) -> str | None:
     """One line saying why ``trainer`` can never resume ``paths``, or None when its layout can be.
 
     ``has_optimizer``: whether the loader finds optimizer state to read, the manifest's choice
     (``manifest.choose(manifest.optimizer_inputs(), paths)``; the manifest needs these rules, so
     the caller asks it): a DCP directory counts only once its ``.metadata`` is written.
-    ``record``: as :func:`ckpt_tools.format.manifest.read_record` completes it from the files.
+    ``record``: as :func:`ckpt_tools.facts.record.read_record` completes it from the files.
+    ``lerobot_state``: where :func:`needs_lerobot_state`, what its state files say
+    (:func:`ckpt_tools.facts.resumable.unresumable_reason` reads it and calls this).
     """
     if trainer is Trainer.LEROBOT:
         return _lerobot_reason(paths, record, has_optimizer)
     if checkpoint_trainer(paths, record) is Trainer.LEROBOT:
-        return lerobot_checkpoint_refusal(paths, record)
+        return lerobot_checkpoint_refusal(paths, record, lerobot_state)
     as_pretrained = f"its weights still load as a pretrained policy: --policy.path={paths.pretrained_model}"
     if record.is_legacy:
         return (
@@ -89,15 +111,15 @@ def unresumable_reason(
     return None
 
 
-def lerobot_checkpoint_refusal(paths: StepPaths, record: TrainingStep) -> str:
+def lerobot_checkpoint_refusal(paths: StepPaths, record: TrainingStep, state: LerobotState) -> str:
     """Why ``ckpt-train`` does not resume a checkpoint LeRobot wrote - what in it is LeRobot's - and what does."""
     policy = _policy_type(paths)
     theirs = [f"its policy is LeRobot's {policy or 'own'} (ckpt-train builds only its own act, act_tied and mlp)"]
-    keyed = _flat_optimizer_keys(paths)
+    keyed = state.optimizer_by_name
     if keyed is not None:
         how = "parameter name (state/<name>/<slot>)" if keyed else "position (state/<index>/<slot>)"
         theirs.append(f"its optimizer state is keyed by {how}, its param groups a bare list")
-    if _lerobot_rng(paths):
+    if state.one_process_rng:
         theirs.append("its RNG state is one process's Python, NumPy and torch generators")
     if record.is_legacy:
         era = f"a LeRobot 0.6.x checkpoint (training_step.json with num_processes; {_legacy_layout(record)})"
@@ -114,25 +136,6 @@ def lerobot_checkpoint_refusal(paths: StepPaths, record: TrainingStep) -> str:
         f"{paths.root}: {era} cannot be resumed by ckpt-train: {'; '.join(theirs)}; {resume}; its weights load as"
         f" a pretrained policy in LeRobot: lerobot-train --policy.path={paths.pretrained_model}"
     )
-
-
-def _flat_optimizer_keys(paths: StepPaths) -> bool | None:
-    """LeRobot's flat optimizer state: keyed by name (True), by position (False), or not there (None)."""
-    from ckpt_tools.st.header import read_header
-
-    try:
-        return lerobot.keyed_by_name(list(read_header(paths.optimizer_state).entries))
-    except CkptError:
-        return None
-
-
-def _lerobot_rng(paths: StepPaths) -> bool:
-    from ckpt_tools.st.header import read_header
-
-    try:
-        return all(k in read_header(paths.rng_state).entries for k in lerobot.RNG_KEYS)
-    except CkptError:
-        return False
 
 
 def _lerobot_reason(paths: StepPaths, record: TrainingStep, has_optimizer: bool) -> str | None:

@@ -41,7 +41,7 @@ Schemas of the record:
   or ``"xxh3_128_pieces": [[offset, length, digest], ...]`` for a file that many ranks wrote
   parts of (the gathered ``model.safetensors``: each rank's rows), tiling it in offset order.
   Neither is read by the checks above, which stay a few reads per bulk file; ``inspect
-  --verify-data`` (:mod:`ckpt_tools.format.rules.save_data`) reads every byte against them. A
+  --verify-data`` (:mod:`ckpt_tools.facts.save_data`) reads every byte against them. A
   save made with the digests off (``bin/bench-save``'s comparison) writes entries without them.
 
 Both schemas are read; entries of a schema-1 record simply have no full digest.
@@ -63,6 +63,7 @@ import json
 import os
 import stat
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,6 @@ from typing import Any
 from ckpt_tools.errors import CheckpointError, CkptError
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
-from ckpt_tools.format.rules import save_stamps
 from ckpt_tools.io import digest as full_digest
 from ckpt_tools.io.fsutil import atomic_write
 from ckpt_tools.io.remote import RemoteHandle, pread, remote_file
@@ -254,42 +254,9 @@ def _full(entry: dict[str, Any], size: int) -> tuple[str | None, tuple[Piece, ..
 ALL = (0, 1)  # a bulk_share that samples every bulk file
 
 
-def problems(paths: StepPaths, saved: SaveFiles, bulk_share: tuple[int, int] | None = ALL) -> list[str]:
-    """Every file that is not what the save wrote: changed size or content, or a shard it did not write.
-
-    ``bulk_share`` ``(r, n)``: sample the ends of every n-th bulk file from the r-th on (the
-    trainer's ranks share the reads: each file is read once in the job, not once per rank);
-    None: bulk files by size only. Sizes and every other file are always checked whole. A step on
-    the Hub: bulk files by size only (the listing's), so that no check downloads from a shard.
-    """
-    if remote_file(paths.root) is not None:
-        bulk_share = None
-    out: list[str] = []
-    bulk_seen = 0
-    for rel, recorded in saved.files.items():
-        if rel in EDITABLE:
-            continue
-        sample = True
-        if recorded.sampled:
-            sample = bulk_share is not None and bulk_seen % bulk_share[1] == bulk_share[0]
-            bulk_seen += 1
-        out += _differs(paths, rel, recorded, sample, saved.save_id)
-    for directory in (paths.model_dcp, paths.optimizer_dcp):
-        if not directory.is_dir():
-            continue
-        for entry in directory.iterdir():  # a local directory or one on the Hub alike
-            rel = f"{directory.relative_to(paths.root).as_posix()}/{entry.name}"
-            dcp_file = entry.name.endswith(L.DCP_SHARD_SUFFIX) or entry.name == L.DCP_METADATA
-            if dcp_file and rel not in saved.files:
-                out.append(f"{rel}: a DCP file the save did not write")
-    return out
-
-
 def edits(paths: StepPaths, saved: SaveFiles) -> list[str]:
     """The user-editable configs changed since the save (reported, never refused)."""
-    return [
-        rel for rel in sorted(EDITABLE) if rel in saved.files and _differs(paths, rel, saved.files[rel], True, None)
-    ]
+    return [rel for rel in sorted(EDITABLE) if rel in saved.files and differs(paths, rel, saved.files[rel], True)]
 
 
 def config_edit(paths: StepPaths) -> str | None:
@@ -326,9 +293,16 @@ def amend(paths: StepPaths, written: list[Path]) -> None:
         handle.write(encode(doc))
 
 
-def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool, save_id: str | None) -> list[str]:
+def differs(
+    paths: StepPaths,
+    rel: str,
+    recorded: RecordedFile,
+    digest: bool,
+    stamp_problem: Callable[[Path], str | None] | None = None,
+) -> list[str]:
     """One line when the file ``rel`` is not what was recorded (nothing when it is, or is gone);
-    ``digest``: compare the content (and the stamp, against ``save_id``) too, not only the size."""
+    ``digest``: compare the content too, not only the size, and then first ``stamp_problem``'s line
+    for the file's stamp (:func:`ckpt_tools.facts.save_files.problems` reads the stamps)."""
     path = paths.root / rel
     try:
         st = path.lstat()
@@ -338,10 +312,10 @@ def _differs(paths: StepPaths, rel: str, recorded: RecordedFile, digest: bool, s
         return [f"{rel}: cannot be read ({e.strerror})"]
     if not stat.S_ISREG(st.st_mode):
         return [f"{rel}: no longer a regular file"]
-    if digest and save_id is not None:  # first: "from save X" says more than "another size"
-        stamped = save_stamps.stamped_id(path)
-        if stamped is not None and stamped != save_id:
-            return [save_stamps.problem(rel, stamped, save_id)]
+    if digest and stamp_problem is not None:  # first: "from save X" says more than "another size"
+        line = stamp_problem(path)
+        if line is not None:
+            return [line]
     if st.st_size != recorded.size:
         return [f"{rel}: {st.st_size} bytes, the save wrote {recorded.size}"]
     if digest and _digest(path, st.st_size, recorded.sampled) != recorded.blake2b:
@@ -379,15 +353,6 @@ def describe(saved: SaveFiles | None, paths: StepPaths | None = None) -> str:
         f"{len(saved.files)} files as save {saved.save_id[:12]} wrote them"
         f" ({len(saved.files) - bulk} by their whole content, {bulk} bulk files by {ends}; {every_byte})" + copied
     )
-
-
-def mismatch(paths: StepPaths, bulk_share: tuple[int, int] | None = ALL) -> str | None:
-    """The line that refuses ``paths`` (None: its files are its save's, or it has no record)."""
-    saved = read(paths)
-    if saved is None:
-        return None
-    found = problems(paths, saved, bulk_share)
-    return summary(paths, found) if found else None
 
 
 def _entry(path: Path, written: dict[str, Any] | None, full: bool = True) -> dict[str, Any]:

@@ -8,7 +8,8 @@ whose values disagree with the config - edited, from another run, or a config ch
 resume command line (``--optimizer.lr=...``) - silently changes the run, a value of the wrong
 type stops it with a traceback some steps later, and a NaN trains to NaN. This module is the
 one rule, called by the trainer before any process group and again by its load, and by
-``verify-resume`` (torch-free: the DCP param groups are read with the restricted reader).
+``verify-resume`` (torch-free: :mod:`ckpt_tools.facts.saved_hyperparameters` reads the DCP
+param groups with the restricted reader).
 
 The expected values are the ones the trainer builds its AdamW with (:func:`adamw_options`,
 which the trainer calls), so there is no second copy of them here.
@@ -18,15 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from ckpt_tools.errors import CkptError
-from ckpt_tools.format import ema, manifest
 from ckpt_tools.format import layout as L
-from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import SAVE_ID_KEY
 from ckpt_tools.format.rules.run_settings import RunSettings
-from ckpt_tools.io.safe_read import read_json_file
 
 # AdamW options the trainer never takes from a flag: passed explicitly, so that a saved group
 # with another value (amsgrad without its extra state, foreach/fused numerics) is refused.
@@ -52,7 +50,6 @@ _SCHEDULER_KEYS = {
     "_is_initial",
     SAVE_ID_KEY,  # the save's stamp (ckpt_tools.format.rules.save_stamps), dropped by the load
 }
-_GROUP_BYTES = "param_groups"
 
 
 def adamw_options(settings: RunSettings) -> dict[str, Any]:
@@ -67,33 +64,32 @@ def adamw_options(settings: RunSettings) -> dict[str, Any]:
     }
 
 
-def mismatch(paths: StepPaths, settings: RunSettings) -> str | None:
-    """One line naming what in the saved optimizer / scheduler state the resume would not run with, or None.
+def comparable(settings: RunSettings) -> bool:
+    """Whether ``settings`` give the values to compare (a config without them is refused by the config checks)."""
+    return not (settings.lr is None or settings.betas is None or settings.eps is None or settings.weight_decay is None)
 
-    ``settings``: the resumed run's (the saved config under the resume's flags). Files that are
-    missing or unreadable are other checks' concern; None then.
+
+def problems(
+    settings: RunSettings, groups: Sequence[Mapping[str, Any]] | None, scheduler: Mapping[str, Any] | None
+) -> list[str]:
+    """What in the saved param ``groups`` (without their ``params``) and ``scheduler`` state differs from ``settings``.
+
+    None for a part not read (missing or unreadable: other checks' concern).
     """
-    found = problems(paths, settings)
-    if not found:
-        return None
-    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    return f"{paths.root}: {found[0]}{more}"
-
-
-def problems(paths: StepPaths, settings: RunSettings) -> list[str]:
-    if settings.lr is None or settings.betas is None or settings.eps is None or settings.weight_decay is None:
-        return []  # a config without these is refused by the config checks
-    groups = _saved_groups(paths)
-    scheduler = _saved_scheduler(paths)
+    if not comparable(settings):
+        return []
     out: list[str] = []
     if scheduler is not None:
         out += _scheduler_problems(scheduler, settings)
     if groups is not None:
         out += _group_problems(groups, settings, scheduler)
-    ema_change = ema.schedule_change(paths, settings.ema_enable, settings.ema_schedule)
-    if ema_change is not None:
-        out.append(ema_change)
     return out
+
+
+def summary(root: Path, found: list[str]) -> str:
+    """The one line for ``found`` at the step ``root``: the first, and how many more."""
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"{root}: {found[0]}{more}"
 
 
 def _scheduler_problems(state: Mapping[str, Any], settings: RunSettings) -> list[str]:
@@ -175,60 +171,6 @@ def _flag_hint(key: str) -> str:
     if flag is None:
         return " (the trainer sets it)"
     return f" (--optimizer.{flag}; a resume continues the saved optimizer, a new run from its weights takes the flag)"
-
-
-def _saved_scheduler(paths: StepPaths) -> dict[str, Any] | None:
-    try:
-        state: dict[str, Any] = read_json_file(paths.scheduler_state, want_object=True)
-    except (CkptError, OSError, ValueError):
-        return None  # missing or unreadable: the scheduler check says so
-    return state
-
-
-def _saved_groups(paths: StepPaths) -> list[dict[str, Any]] | None:
-    """The saved param groups without their ``params``, from the container the resume reads (None: not readable here)."""
-    chosen = manifest.choose(manifest.optimizer_inputs(), paths)
-    if chosen is None:
-        return None
-    try:
-        if chosen is manifest.OPTIMIZER_DCP:
-            return _dcp_groups(paths.root / chosen.path)
-        data = read_json_file(paths.optimizer_param_groups)
-    except (CkptError, OSError, ValueError):
-        return None  # the optimizer check reports it
-    if isinstance(data, dict):  # this trainer's first form: {"param_groups": [...], ...}
-        data = data.get(_GROUP_BYTES)
-    if not isinstance(data, list) or not all(isinstance(g, dict) for g in data):
-        return None
-    return [{k: v for k, v in g.items() if k != "params"} for g in data]
-
-
-def _dcp_groups(directory: Any) -> list[dict[str, Any]] | None:
-    """``optimizer.param_groups.<i>.<key>`` items of the DCP optimizer state, restricted-loaded."""
-    from ckpt_tools.dcp.files import ShardFiles
-    from ckpt_tools.dcp.index import ChunkIndex
-    from ckpt_tools.dcp.reader import read_pickled_object
-    from ckpt_tools.dcp.validate import OBJECT_LIMIT, PLAIN_OBJECTS
-
-    index = ChunkIndex.load(directory)
-    by_group: dict[int, dict[str, Any]] = {}
-    with ShardFiles(index.root) as files:
-        for item in index.byte_items.values():
-            path = item.path
-            if len(path) != 4 or path[0] != L.OPTIMIZER_DCP_KEY or path[1] != _GROUP_BYTES or path[3] == "params":
-                continue
-            position = path[2]
-            if not isinstance(position, int):
-                try:
-                    position = int(position)
-                except ValueError:
-                    return None
-            fd, start, length = files.span(item, limit=OBJECT_LIMIT)
-            value = read_pickled_object(fd, start, length, PLAIN_OBJECTS, what=f"{item.file} ({item.fqn})")
-            by_group.setdefault(position, {})[str(path[3])] = value
-    if not by_group or sorted(by_group) != list(range(len(by_group))):
-        return None
-    return [by_group[i] for i in range(len(by_group))]
 
 
 def _is_int(value: object) -> bool:

@@ -23,18 +23,15 @@ from pathlib import Path
 
 from ckpt_tools.check import Check
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts import consistency as counters_of
+from ckpt_tools.facts import save_files as files_against_record
+from ckpt_tools.facts import saved_hyperparameters
+from ckpt_tools.facts.resumable import unresumable_reason
 from ckpt_tools.format import ema as ema_rules
 from ckpt_tools.format import lerobot, manifest
 from ckpt_tools.format.param_groups import metadata_scalars, position_names, read_param_groups
 from ckpt_tools.format.peft_keys import saved_adapter_key
-from ckpt_tools.format.rules import (
-    consistency,
-    lerobot_resume,
-    master_copy_problem,
-    save_files,
-    saved_hyperparameters,
-    unresumable_reason,
-)
+from ckpt_tools.format.rules import consistency, lerobot_resume, master_copy_problem, save_files
 from ckpt_tools.format.rules.resumable import Trainer
 from ckpt_tools.format.rules.resume_output import check_output
 from ckpt_tools.format.rules.startup import RunSettings
@@ -215,7 +212,7 @@ def _scheduler(source: ResumeSource, target: ResumeTarget) -> Check:
 
 def _consistency(source: ResumeSource) -> Check:
     """The trainer's refusal of a checkpoint whose parts are not from one step (record, directory, Adam, scheduler)."""
-    counters = consistency.read_counters(source.paths, source.record)
+    counters = counters_of.read_counters(source.paths, source.record)
     found = consistency.problems(counters)
     if found:
         return Check.fail("consistency", consistency.summary(found))
@@ -228,7 +225,7 @@ def _save_files(source: ResumeSource, target: ResumeTarget) -> Check:
         saved = save_files.read(source.paths)
     except CkptError as e:
         return Check.fail("save-files", str(e))
-    found = save_files.problems(source.paths, saved) if saved is not None else []
+    found = files_against_record.problems(source.paths, saved) if saved is not None else []
     if not found:
         edited = save_files.edits(source.paths, saved) if saved is not None else []
         note = f"; edited since the save (the resume uses the edits): {', '.join(edited)}" if edited else ""

@@ -16,11 +16,14 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ckpt_tools.errors import CheckpointError, CkptError
+from ckpt_tools.facts import consistency, load_plan, save_files, saved_hyperparameters
+from ckpt_tools.facts import load_parts as load_sources
+from ckpt_tools.facts.record import read_record
 from ckpt_tools.format import ema as ema_rules
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.record import TrainingStep
-from ckpt_tools.format.rules import consistency, load_parts, load_plan, save_files, saved_hyperparameters
+from ckpt_tools.format.rules import load_parts
 from ckpt_tools.format.rules.data_order import DataOrderChange
 from ckpt_tools.format.rules.startup import RunSettings
 from ckpt_tools.train.checkpoint import parts, rng, state_dicts
@@ -71,9 +74,9 @@ def preflight_load_source(load_from: str, load: str | None, settings: RunSetting
         paths = layout.resolve_step(load_from)
     except CheckpointError as e:
         raise CheckpointError(f"{load_parts.LOAD_FROM_FLAG}={e}") from None
-    record = manifest.read_record(paths)
+    record = read_record(paths)
     chosen_parts = load_parts.parse(load)
-    line = load_parts.source_refusal(paths, record, chosen_parts, fp16=fp16, settings=settings)
+    line = load_sources.source_refusal(paths, record, chosen_parts, fp16=fp16, settings=settings)
     if line is not None:
         raise CheckpointError(line)
     return LoadSource(paths, record, chosen_parts)
@@ -100,9 +103,9 @@ def initialize_from(s: TrainingState, source: LoadSource) -> InitReport:
 def _initialize(s: TrainingState, source: LoadSource) -> InitReport:
     paths, record, wanted = source.paths, source.record, source.parts
     fp16 = s.cfg.accelerator.mixed_precision == "fp16"
-    chosen = tuple(c for part in wanted for c in load_parts.containers(part, fp16=fp16))
+    chosen = tuple(c for part in wanted for c in manifest.part_containers(part, fp16=fp16))
     require_valid_dcp_inputs(paths, only=chosen)  # before torch's DCP load touches a byte
-    line = load_parts.source_refusal(paths, record, wanted, fp16=fp16, settings=s.cfg.run_settings())
+    line = load_sources.source_refusal(paths, record, wanted, fp16=fp16, settings=s.cfg.run_settings())
     if line is not None:  # as the start-up found (or not): each load refuses on its own too
         raise CheckpointError(line)
     warnings: list[str] = []
@@ -126,7 +129,7 @@ def _initialize(s: TrainingState, source: LoadSource) -> InitReport:
             parts.load_rng_state(paths, s.env)
         else:
             warnings.append("random generator state not loaded (world size changed): the new run's seeds stand")
-    initialized = load_parts.initialized_from(paths, record, wanted)
+    initialized = load_sources.initialized_from(paths, record, wanted)
     s.initialized_from = initialized
     return InitReport(paths.root, record.step, wanted, initialized, warnings)
 

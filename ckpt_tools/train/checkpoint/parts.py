@@ -24,11 +24,13 @@ from typing import Any, Protocol
 import torch
 
 from ckpt_tools.errors import CheckpointError, LegacyCheckpoint
+from ckpt_tools.facts.record import read_record
+from ckpt_tools.facts.resumable import unresumable_reason
 from ckpt_tools.format import layout, manifest
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.peft_keys import saved_adapter_key
 from ckpt_tools.format.record import TrainingStep, training_step_json
-from ckpt_tools.format.rules import master_copy_problem, save_stamps, unresumable_reason
+from ckpt_tools.format.rules import master_copy_problem, save_stamps
 from ckpt_tools.io.fsutil import write_json_atomic
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.train import ema
@@ -269,10 +271,10 @@ def save_training_step(record: TrainingStep, paths: StepPaths, save_id: str | No
 def load_training_step(paths: StepPaths) -> TrainingStep:
     """The record, refused when its checkpoint can never be resumed (LeRobot's, the 0.6.x layout, no optimizer state).
 
-    Read as the tools read it (:func:`~ckpt_tools.format.manifest.read_record`: a LeRobot record
+    Read as the tools read it (:func:`~ckpt_tools.facts.record.read_record`: a LeRobot record
     completed from its files), so the refusal is the line ``verify-resume --trainer ckpt-train`` gives.
     """
-    record = manifest.read_record(paths)
+    record = read_record(paths)
     check_resumable(paths, record)
     return record
 

@@ -11,7 +11,7 @@ exactly as it would have from the shards:
 - every other part the saving run's :class:`~manifest.Variant` requires is there;
 - every state file a resume onto the same topology and precision reads
   (:class:`~manifest.Resume`) is there;
-- the layout is still resumable (:func:`~ckpt_tools.format.rules.unresumable_reason`) by the
+- the layout is still resumable (:func:`~ckpt_tools.facts.resumable.unresumable_reason`) by the
   trainer whose checkpoint it is - LeRobot's for a checkpoint LeRobot wrote, whose resume of a
   ``dcp`` / ``safetensors_dcp`` run reads the weights from the shards only
   (:mod:`ckpt_tools.format.rules.lerobot_resume`).
@@ -28,10 +28,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ckpt_tools.errors import CkptError
+from ckpt_tools.facts.record import read_record
+from ckpt_tools.facts.resumable import unresumable_reason
 from ckpt_tools.format import manifest
 from ckpt_tools.format.layout import CheckpointFormat, StepPaths
 from ckpt_tools.format.manifest import Part
-from ckpt_tools.format.rules import unresumable_reason
 from ckpt_tools.format.rules.resumable import Trainer, checkpoint_trainer
 from ckpt_tools.format.train_config import read_saved_config
 
@@ -53,7 +54,7 @@ def removal_refusal(step: StepPaths, removed: Part, *, written: Iterable[Path] =
     if removed not in DCP_PARTS:
         raise ValueError(f"{removed.key}: not a DCP part")
     try:
-        record = manifest.read_record(step)
+        record = read_record(step)
     except CkptError as e:
         return f"{e}, so this is no checkpoint a resume can read"
     peft = manifest.is_peft(step.pretrained_model, record=record)

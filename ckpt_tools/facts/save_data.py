@@ -1,6 +1,6 @@
 """Every byte of a step against the full digests its save recorded (``inspect --verify-data``).
 
-The check every resume and tool runs (:mod:`ckpt_tools.format.rules.save_files`) reads a few
+The check every resume and tool runs (:mod:`ckpt_tools.facts.save_files`) reads a few
 KiB per bulk file: it tells a file of another save apart, but not a bit flipped in the middle
 of a shard by a disk, a network file system or a bad copy. Schema-2 records hold a full digest
 of every byte (:mod:`ckpt_tools.io.digest`), computed as the save wrote them; this module
@@ -21,6 +21,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
+from ckpt_tools.facts.save_stamps import dcp_stamped_id, stamped_id
 from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.rules import save_stamps
@@ -72,7 +73,7 @@ def verify(paths: StepPaths, saved: SaveFiles, under: str | None = None) -> Data
             continue
         verdict.problems += _check_file(paths, rel, recorded, verdict, buffer)
         if rel.endswith("/" + L.DCP_METADATA):
-            stamped = save_stamps.dcp_stamped_id((paths.root / rel).parent)
+            stamped = dcp_stamped_id((paths.root / rel).parent)
             if stamped is not None and stamped != saved.save_id:
                 verdict.problems.append(save_stamps.problem(rel, stamped, saved.save_id))
     verdict.wall = time.perf_counter() - started
@@ -100,7 +101,7 @@ def _check_file(
         return [f"{rel}: no longer a regular file"]
     if st.st_size != recorded.size:
         return [f"{rel}: {st.st_size} bytes, the save wrote {recorded.size}"]
-    stamped = save_stamps.stamped_id(path)
+    stamped = stamped_id(path)
     found = [save_stamps.problem(rel, stamped, verdict.save_id)] if stamped not in (None, verdict.save_id) else []
     try:
         fd = open_regular(path)

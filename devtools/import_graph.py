@@ -23,8 +23,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("format",),
     ("st", "dcp"),
     ("facts",),
-    ("check", "resume", "hub", "retention"),
+    ("check", "resume", "retention"),
     ("convert", "inspect"),
+    ("hub",),  # the Hub as a source (hf:// paths) and a destination (push; convert-then-publish)
     ("cli", "train"),
 ]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import ckpt_tools
-from devtools.import_graph import cycles, graph
+from devtools.import_graph import cycles, graph, upward
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,16 @@ def test_a_function_level_import_of_a_reader_from_format_is_found(tmp_path: Path
         "from ckpt_tools.io.safe_read import x\n\n\ndef f():\n    from ckpt_tools.st.header import read_header\n"
     )
     assert format_upward_imports(graph(package)) == ["ckpt_tools.format.rule -> ckpt_tools.st.header"]
+
+
+# The one import from a lower layer to a higher one, on purpose: verify-resume runs the trainer's
+# own pre-flight (its config parser, the policy built on the meta device, the load plan) where
+# torch is installed, so its verdict is the launch's; a copy of those rules would drift.
+DELIBERATE_UPWARD = {
+    ("ckpt_tools.resume.checks.state", "ckpt_tools.train.parsing"),
+    ("ckpt_tools.resume.checks.state", "ckpt_tools.train.preflight"),
+}
+
+
+def test_every_other_import_goes_down_the_layers(package_edges: dict[str, set[str]]) -> None:
+    assert set(upward(package_edges)) == DELIBERATE_UPWARD

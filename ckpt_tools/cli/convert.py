@@ -20,7 +20,7 @@ from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import UsageError
 from ckpt_tools.hub.location import is_hub_path
 from ckpt_tools.hub.source import checkpoint_source
-from ckpt_tools.io.reader_lease import reading_path
+from ckpt_tools.retention.lease import reading_path
 from ckpt_tools.units import human_bytes
 
 if TYPE_CHECKING:

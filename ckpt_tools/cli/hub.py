@@ -15,7 +15,7 @@ from ckpt_tools.errors import UsageError
 from ckpt_tools.hub import push_to_hub
 from ckpt_tools.hub.files import WEIGHTS, WHOLE_RUN, WHOLE_STEP, ema_publish_folder
 from ckpt_tools.hub.push import HubPushError, dry_run, prepare_push
-from ckpt_tools.io.reader_lease import reading_path
+from ckpt_tools.retention.lease import reading_path
 from ckpt_tools.units import human_bytes
 
 PUSH_HELP = f"""Publish a checkpoint to the Hugging Face Hub as a model repo.

@@ -89,8 +89,8 @@ def verify_resume_command(
     no_cache: opt.NoCacheOpt = False,
 ) -> None:
     from ckpt_tools.hub.source import checkpoint_source
-    from ckpt_tools.io.reader_lease import reading_path
     from ckpt_tools.resume.verify import verify_load, verify_resume
+    from ckpt_tools.retention.lease import reading_path
 
     request = opt.target_request(locals())
     if load is not None:

@@ -22,7 +22,7 @@ from ckpt_tools.format import layout
 from ckpt_tools.format.record import read_training_step
 from ckpt_tools.format.rules.retention import IN_USE, RetentionPlan, StepFate, retention_plan
 from ckpt_tools.io.fsutil import deleting_name, find_leftovers, fsync_dir, remove_tree
-from ckpt_tools.io.reader_lease import leased_step_names, remove_abandoned_leases
+from ckpt_tools.retention.lease import leased_step_names, remove_abandoned_leases
 
 # A test (and a user studying a crash) can stop a removal between its rename and its rmtree.
 PAUSE_ENV = "CKPT_TOOLS_RETENTION_PAUSE_S"

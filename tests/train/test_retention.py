@@ -17,8 +17,8 @@ import pytest
 
 from ckpt_tools.format import layout
 from ckpt_tools.io.dir_lock import DirLock
-from ckpt_tools.io.reader_lease import reading
 from ckpt_tools.retention import PAUSE_ENV
+from ckpt_tools.retention.lease import reading
 from devtools.procs import REPO, launch_env, run_cli
 from devtools.training import TINY, ok, train
 from tests.support.cli import invoke_cli
@@ -173,7 +173,7 @@ def test_prune_keeps_a_step_a_live_reader_holds_and_ignores_a_dead_readers_lease
 HOLD_LEASE = """
 import sys, time
 from pathlib import Path
-from ckpt_tools.io.reader_lease import reading
+from ckpt_tools.retention.lease import reading
 lease = reading(Path(sys.argv[1]), "push")
 lease.__enter__()
 print("held", flush=True)

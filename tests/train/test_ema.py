@@ -1,6 +1,6 @@
 """``--ema.enable=true``: LeRobot's EMA update, saved, resumed bit-exactly, converted, and the resume rule.
 
-A 1-process, an FSDP2 (2 ranks, ``dcp``) and an HSDP (2x2) run of 4 steps with a checkpoint at 2,
+A 1-process and an HSDP (2x2, ``dcp``) run of 4 steps with a checkpoint at 2,
 each resumed from step 2 once (module-scoped, shared by every assertion; the 1-process resume saves
 in the background): the resumed run's final EMA weights must equal the uninterrupted run's bit for bit.
 """
@@ -20,7 +20,6 @@ from devtools.training import LAYOUTS, TINY, ok, step_dir, train
 from tests.support.cli import invoke_cli
 
 EMA = ["--ema.enable=true", "--ema.power=0.5", "--steps=4", "--save_freq=2"]
-FSDP = ["--parallelism.dp_shard=2", "--checkpoint_format=dcp"]
 
 
 def lerobot_decay(optimization_step: int, s: EmaSchedule) -> float:
@@ -54,11 +53,10 @@ def test_update_is_lerobots_formula_on_a_toy_tensor() -> None:
 
 
 # layout -> (processes, flags): each trained 4 steps with EMA, then resumed from step 2. A DDP
-# rank holds the whole shadow as one process does (the same code); FSDP2 and HSDP shard it.
+# rank holds the whole shadow as one process does (the same code); HSDP shards it as FSDP2 does.
 EMA_LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "single": (1, []),
-    "fsdp": (2, FSDP),
-    "hsdp": LAYOUTS["hsdp"],
+    "hsdp": LAYOUTS["hsdp"],  # FSDP2 is HSDP with one replica: the same sharded shadow and DCP files
 }
 # The 1-process resume saves step 4 in the background: its EMA files must be the synchronous run's.
 RESUME_FLAGS = {"single": ["--checkpoint_async=true"]}
@@ -101,7 +99,7 @@ def test_resume_continues_the_ema_bit_exactly(runs: dict[str, Path], layout: str
 
 
 def test_files_are_lerobots_on_one_process_and_shards_under_fsdp(runs: dict[str, Path]) -> None:
-    single, fsdp = step_dir(runs["single"], 4), step_dir(runs["fsdp"], 4)
+    single, fsdp = step_dir(runs["single"], 4), step_dir(runs["hsdp"], 4)
     state = torch.load(single / "training_state" / "ema_state.pt", weights_only=True)
     assert state["optimization_step"] == 4 and state["use_ema_warmup"] is True and state["power"] == 0.5
     gathered = load_file(single / "pretrained_model_ema" / "model.safetensors")
@@ -119,7 +117,7 @@ def test_convert_ema_refusals(runs: dict[str, Path]) -> None:
     assert "the EMA weights are already in safetensors form" in gathered.stderr
 
 
-@pytest.mark.parametrize("layout", ["single", "fsdp"])
+@pytest.mark.parametrize("layout", ["single", "hsdp"])
 def test_ema_off_on_an_ema_checkpoint_is_refused_with_the_tools_line(
     runs: dict[str, Path], layout: str, tmp_path: Path
 ) -> None:
@@ -133,7 +131,7 @@ def test_ema_off_on_an_ema_checkpoint_is_refused_with_the_tools_line(
     report = invoke_cli("verify-resume", str(step), "--config", str(off), *one, "--json")
     line = next(c["message"] for c in json.loads(report.stdout)["checks"] if c["name"] == "ema")
     assert "--ema.enable=false, but this checkpoint holds EMA state" in line
-    flags = ["--parallelism.dp_shard=1", "--checkpoint_format=safetensors"]
+    flags = ["--parallelism.dp_replicate=1", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"]
     trainer = train(
         "--resume=true", f"--config_path={step}", "--ema.enable=false", *flags, f"--output_dir={tmp_path}/o"
     )

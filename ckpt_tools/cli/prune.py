@@ -12,7 +12,7 @@ from ckpt_tools.cli.options import JsonOpt
 from ckpt_tools.cli.untrusted import echo
 from ckpt_tools.errors import CheckpointError, WriteError
 from ckpt_tools.format import layout
-from ckpt_tools.io.dir_lock import DirLock, DirLocked
+from ckpt_tools.io.dir_lock import DirLock
 from ckpt_tools.retention import apply_retention, read_run_steps
 
 PRUNE_HELP = f"""Remove a run's older checkpoint steps, keeping the newest K (what --checkpoint.keep_last_n does in the trainer).
@@ -59,12 +59,7 @@ def prune_command(
         _report(root, keep_last, facts.steps, plan, [], [], [], dry_run=True, json_out=json_out)
         return
     lock = DirLock(run_dir, "ckpt-tools prune")
-    try:
-        lock.acquire()
-    except DirLocked as e:
-        raise WriteError(f"{e}; nothing removed: prune a run once its trainer has ended") from None
-    except OSError as e:
-        raise WriteError(f"{run_dir}: cannot take its lock ({e.strerror or e}); nothing removed") from None
+    lock.acquire_for_writing("nothing removed: prune a run once its trainer has ended", "; nothing removed")
     try:
         outcome = apply_retention(root, keep_last)
     except OSError as e:

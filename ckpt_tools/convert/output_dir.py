@@ -6,8 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from ckpt_tools.errors import WriteError
-from ckpt_tools.io.dir_lock import DirLock, DirLocked
+from ckpt_tools.io.dir_lock import DirLock
 
 
 @contextlib.contextmanager
@@ -16,12 +15,7 @@ def owning(output_dir: Path) -> Iterator[None]:
     a second conversion into it is refused in one line instead of replacing the first one's files."""
     created = None if output_dir.exists() else existing_parent(output_dir)
     lock = DirLock(output_dir, "convert-dcp")
-    try:
-        lock.acquire()
-    except DirLocked as e:
-        raise WriteError(f"{e}; one conversion per output directory at a time: wait for it to end") from None
-    except OSError as e:
-        raise WriteError(f"{output_dir}: cannot take its lock ({e.strerror or e})") from None
+    lock.acquire_for_writing("one conversion per output directory at a time: wait for it to end")
     try:
         yield
     finally:

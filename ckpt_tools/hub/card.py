@@ -24,6 +24,7 @@ from ckpt_tools.format.manifest import is_peft
 from ckpt_tools.format.record import BatchFactorization, Topology, TrainingStep, read_training_step
 from ckpt_tools.format.train_config import SavedConfig, read_saved_config
 from ckpt_tools.hub.files import WEIGHTS, PublishPlan
+from ckpt_tools.hub.local_paths import local_strings
 from ckpt_tools.io.local_path import is_local_path
 from ckpt_tools.io.safe_read import read_json_file
 from ckpt_tools.units import human_bytes, human_count
@@ -267,7 +268,7 @@ def _local_paths(plan: PublishPlan) -> list[str]:
 
 def _scrub(text: str, sources: list[Any], secrets: tuple[str, ...]) -> str:
     """Mask tokens and any absolute local path found in ``sources`` that reached the card."""
-    paths = {s for source in sources for s in _strings(source) if is_local_path(s)}
+    paths = {s for source in sources for s in local_strings(source)}
     for path in sorted(paths, key=len, reverse=True):
         # Whole path components only: the home dir "/root" must not mangle a repo id "user/rooted".
         text = re.sub(rf"(?<![\w.-]){re.escape(path)}(?![\w.-])", _LOCAL_PATH_MASK, text)
@@ -275,17 +276,6 @@ def _scrub(text: str, sources: list[Any], secrets: tuple[str, ...]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools.errors import WriteError
 from ckpt_tools.io.fsutil import process_alive
 from ckpt_tools.io.host import host_identity
 
@@ -110,6 +111,16 @@ class DirLock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.held = False
+
+    def acquire_for_writing(self, busy: str, failed: str = "") -> None:
+        """:meth:`acquire`, a refusal as the one :class:`WriteError` line a command prints: ``busy``
+        follows the owner's description, ``failed`` what could not take the lock at all."""
+        try:
+            self.acquire()
+        except DirLocked as e:
+            raise WriteError(f"{e}; {busy}") from None
+        except OSError as e:
+            raise WriteError(f"{self.directory}: cannot take its lock ({e.strerror or e}){failed}") from None
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`DirLocked` naming the owner (an abandoned lock is taken over;

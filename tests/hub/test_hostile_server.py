@@ -1,4 +1,4 @@
-"""A push against a hostile or broken server ends, bounded, with one true line (issue 26, classes 2 and 5).
+"""A push against a hostile or broken server ends, bounded, with one true line: a deadline per request, a cap on what an answer may hold, local failures named as local.
 
 Real processes against the loopback Hub of tests/fakes/hub/server.py, with the real
 huggingface_hub client: a server that trickles one byte at a time (no per-read timeout

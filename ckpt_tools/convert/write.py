@@ -24,7 +24,7 @@ from ckpt_tools.dcp.files import ShardFiles
 from ckpt_tools.dcp.reader import ChunkLayout
 from ckpt_tools.errors import CkptError, UsageError, WriteError
 from ckpt_tools.io.fsutil import TempSibling, fsync_dir
-from ckpt_tools.st.writer import StreamingWriter
+from ckpt_tools.st.writer import StreamingWriter, commit_output
 from ckpt_tools.units import human_bytes
 
 
@@ -160,12 +160,7 @@ class _IndexWriter:
 
     def commit(self, *, exclusive: bool = False) -> None:
         assert self._sibling is not None
-        try:
-            self._sibling.commit(exclusive=exclusive)
-        except FileExistsError:
-            raise WriteError(
-                f"{self.path}: appeared while this conversion was writing (another process wrote it)"
-            ) from None
+        commit_output(self._sibling, self.path, exclusive=exclusive)
 
     def abort(self) -> None:
         if self._sibling is not None:

@@ -67,6 +67,20 @@ def describe_os_error(path: Path, e: OSError) -> str:
     return f"{path}: write failed ({e.strerror or e})"
 
 
+def commit_output(sibling: TempSibling, path: Path, *, exclusive: bool) -> None:
+    """Move a conversion's complete temporary ``sibling`` to ``path``: one :class:`WriteError` line
+    when the move fails, or (``exclusive``) when another process placed a file there meanwhile."""
+    try:
+        sibling.commit(exclusive=exclusive)
+    except FileExistsError:
+        raise WriteError(
+            f"{path}: appeared while this conversion was writing (another process wrote it); kept as it is,"
+            " nothing of this conversion was left"
+        ) from None
+    except OSError as e:
+        raise WriteError(describe_os_error(path, e)) from None
+
+
 class StreamingWriter:
     """One safetensors file written tensor by tensor into a temporary sibling of ``path``.
 
@@ -118,15 +132,7 @@ class StreamingWriter:
     def commit(self, *, exclusive: bool = False) -> None:
         """Move the complete file into place (``exclusive``: never over a file that appeared meanwhile)."""
         assert self._sibling is not None
-        try:
-            self._sibling.commit(exclusive=exclusive)
-        except FileExistsError:
-            raise WriteError(
-                f"{self.path}: appeared while this conversion was writing (another process wrote it); kept as it is,"
-                " nothing of this conversion was left"
-            ) from None
-        except OSError as e:
-            raise WriteError(describe_os_error(self.path, e)) from None
+        commit_output(self._sibling, self.path, exclusive=exclusive)
         self._sibling = None
 
     def abort(self) -> None:

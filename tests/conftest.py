@@ -23,7 +23,7 @@ from tests.fakes.hub.server import HubServer
 from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 from tests.support.lanes import starts_jobs
-from tests.support.shared import shared_dir
+from tests.support.shared import shared_dir, shared_dirs
 
 
 def _private_cache() -> None:
@@ -81,16 +81,19 @@ def pytest_sessionfinish() -> None:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """8-step runs saving every 4 steps: DDP(2) safetensors, FSDP(2) safetensors_dcp, HSDP(2×2) dcp."""
-    root = shared_dir(tmp_path_factory, "layouts", _train_layouts)
-    return {name: root / name for name in FIXTURE_LAYOUTS}
+    """8-step runs saving every 4 steps: DDP(2) safetensors, FSDP(2) safetensors_dcp, HSDP(2×2) dcp.
+
+    Each run is its own shared part, so two workers that need them at once train two of them.
+    """
+    roots = shared_dirs(tmp_path_factory, [f"layout-{name}" for name in FIXTURE_LAYOUTS], _train_layout)
+    return {name: roots[f"layout-{name}"] / name for name in FIXTURE_LAYOUTS}
 
 
-def _train_layouts(root: Path) -> None:
-    for name in FIXTURE_LAYOUTS:
-        nproc, flags = LAYOUTS[name]
-        proc = ok(train(*RUN, *flags, f"--output_dir={root / name}", nproc=nproc))
-        (root / f"{name}.stdout").write_text(proc.stdout)
+def _train_layout(part: str, root: Path) -> None:
+    name = part.removeprefix("layout-")
+    nproc, flags = LAYOUTS[name]
+    proc = ok(train(*RUN, *flags, f"--output_dir={root / name}", nproc=nproc))
+    (root / f"{name}.stdout").write_text(proc.stdout)
 
 
 @pytest.fixture(scope="session")

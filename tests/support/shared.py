@@ -5,16 +5,21 @@ checkpoints (tens of CPU-seconds each) would be trained once per worker. Here th
 to ask builds the fixture in the session's shared temporary directory, under a file lock; the
 others wait on the lock and reuse the finished directory. Without xdist it is a plain build in a
 fresh directory.
+
+A fixture made of independent parts (the session's DDP, FSDP and HSDP runs) is built with
+:func:`shared_dirs`: a worker that arrives while another builds one part builds a part nobody
+has claimed yet instead of waiting, so no core sits idle while the fixture is made.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 _COMPLETE = ".complete"
 
@@ -29,15 +34,46 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
         root = tmp_path_factory.mktemp(name)
         build(root)
         return root
+    with FileLock(str(_lock_path(tmp_path_factory, name))):
+        return _build_once(tmp_path_factory, name, build)
+
+
+def shared_dirs(
+    tmp_path_factory: pytest.TempPathFactory, names: Sequence[str], build: Callable[[str, Path], None]
+) -> dict[str, Path]:
+    """:func:`shared_dir` for each of ``names`` (``build(name, root)`` fills one), parts nobody builds first.
+
+    A part another worker is building is waited for only once no unclaimed part is left.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return {name: shared_dir(tmp_path_factory, name, functools.partial(build, name)) for name in names}
+    roots: dict[str, Path] = {}
+    for blocking in (False, True):
+        for name in names:
+            if name in roots:
+                continue
+            lock = FileLock(str(_lock_path(tmp_path_factory, name)), timeout=-1 if blocking else 0)
+            try:
+                with lock:
+                    roots[name] = _build_once(tmp_path_factory, name, functools.partial(build, name))
+            except Timeout:  # another worker is building it: build the others first
+                continue
+    return {name: roots[name] for name in names}
+
+
+def _lock_path(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     # Under xdist every worker's basetemp is <session dir>/popen-gwN: the parent is this session's own.
-    session_dir = tmp_path_factory.getbasetemp().parent
-    root = session_dir / name
-    with FileLock(str(session_dir / f"{name}.lock")):
-        if not (root / _COMPLETE).exists():
-            if root.exists():  # an earlier worker's build failed part-way: start afresh
-                root = Path(tmp_path_factory.mktemp(name))
-            else:
-                root.mkdir()
-            build(root)
-            (root / _COMPLETE).touch()
+    return tmp_path_factory.getbasetemp().parent / f"{name}.lock"
+
+
+def _build_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """Under the lock of ``name``: its finished directory, built now unless a worker already did."""
+    root = tmp_path_factory.getbasetemp().parent / name
+    if not (root / _COMPLETE).exists():
+        if root.exists():  # an earlier worker's build failed part-way: start afresh
+            root = Path(tmp_path_factory.mktemp(name))
+        else:
+            root.mkdir()
+        build(root)
+        (root / _COMPLETE).touch()
     return root

@@ -1,6 +1,6 @@
 """``--ema.enable=true``: LeRobot's EMA update, saved, resumed bit-exactly, converted, and the resume rule.
 
-A 1-process and an HSDP (2x2, ``dcp``) run of 4 steps with a checkpoint at 2,
+A 1-process and an FSDP2 (2 shards, ``dcp``) run of 4 steps with a checkpoint at 2,
 each resumed from step 2 once (module-scoped, shared by every assertion; the 1-process resume saves
 in the background): the resumed run's final EMA weights must equal the uninterrupted run's bit for bit.
 """
@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 
 from ckpt_tools.format.ema import EmaSchedule
 from ckpt_tools.train.ema import EmaShadow
-from devtools.training import LAYOUTS, TINY, ok, step_dir, train
+from devtools.training import TINY, ok, step_dir, train
 from tests.support.cli import invoke_cli
+from tests.support.train_cli import refused_in_process
 
 EMA = ["--ema.enable=true", "--ema.power=0.5", "--steps=4", "--save_freq=2"]
 
@@ -53,10 +54,11 @@ def test_update_is_lerobots_formula_on_a_toy_tensor() -> None:
 
 
 # layout -> (processes, flags): each trained 4 steps with EMA, then resumed from step 2. A DDP
-# rank holds the whole shadow as one process does (the same code); HSDP shards it as FSDP2 does.
+# rank holds the whole shadow as one process does (the same code); FSDP2 shards it, and HSDP is
+# FSDP2 with replicas: the same sharded shadow and DCP files (the replicas write nothing more).
 EMA_LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "single": (1, []),
-    "hsdp": LAYOUTS["hsdp"],  # FSDP2 is HSDP with one replica: the same sharded shadow and DCP files
+    "fsdp": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=dcp"]),
 }
 # The 1-process resume saves step 4 in the background: its EMA files must be the synchronous run's.
 RESUME_FLAGS = {"single": ["--checkpoint_async=true"]}
@@ -99,7 +101,7 @@ def test_resume_continues_the_ema_bit_exactly(runs: dict[str, Path], layout: str
 
 
 def test_files_are_lerobots_on_one_process_and_shards_under_fsdp(runs: dict[str, Path]) -> None:
-    single, fsdp = step_dir(runs["single"], 4), step_dir(runs["hsdp"], 4)
+    single, fsdp = step_dir(runs["single"], 4), step_dir(runs["fsdp"], 4)
     state = torch.load(single / "training_state" / "ema_state.pt", weights_only=True)
     assert state["optimization_step"] == 4 and state["use_ema_warmup"] is True and state["power"] == 0.5
     gathered = load_file(single / "pretrained_model_ema" / "model.safetensors")
@@ -117,7 +119,7 @@ def test_convert_ema_refusals(runs: dict[str, Path]) -> None:
     assert "the EMA weights are already in safetensors form" in gathered.stderr
 
 
-@pytest.mark.parametrize("layout", ["single", "hsdp"])
+@pytest.mark.parametrize("layout", ["single", "fsdp"])
 def test_ema_off_on_an_ema_checkpoint_is_refused_with_the_tools_line(
     runs: dict[str, Path], layout: str, tmp_path: Path
 ) -> None:
@@ -154,15 +156,17 @@ def test_async_save_writes_the_synchronous_ema(runs: dict[str, Path]) -> None:
                 assert all(torch.equal(x, y) for x, y in zip(a["shadow_params"], b["shadow_params"], strict=True))
 
 
-@pytest.mark.parametrize("layout", ["single", "hsdp"])
+@pytest.mark.parametrize("layout", ["single", "fsdp"])
 def test_inspect_finds_our_ema_consistent(runs: dict[str, Path], layout: str) -> None:
     report = json.loads(invoke_cli("inspect", str(step_dir(runs[layout], 4)), "--json").stdout)
     assert report["healthy"] and report["ema"]["consistent"] and report["ema"]["updates"] == 4
     forms = {f["form"] for f in report["ema"]["forms"]}
-    assert forms == ({"dcp"} if layout == "hsdp" else {"safetensors", "ema_state.pt"})
+    assert forms == ({"dcp"} if layout == "fsdp" else {"safetensors", "ema_state.pt"})
 
 
-def test_a_changed_ema_schedule_is_refused_by_trainer_and_verify_resume(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_changed_ema_schedule_is_refused_by_trainer_and_verify_resume(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     step = step_dir(runs["single"], 2)
     config = json.loads((step / "pretrained_model" / "train_config.json").read_text())
     config["ema"]["power"] = 0.6
@@ -174,6 +178,6 @@ def test_a_changed_ema_schedule_is_refused_by_trainer_and_verify_resume(runs: di
         "--ema.power 0.5 → 0.6: the EMA shadow was built with the values ema_state.pt holds; resume with those"
         " (a changed EMA schedule does not continue the saved run)"
     )
-    trainer = train("--resume=true", f"--config_path={step}", "--ema.power=0.6", f"--output_dir={tmp_path}/o")
-    assert trainer.returncode != 0
-    assert f"error: {line}" in trainer.stderr.splitlines()
+    # The trainer refuses before any process group: its entry point, called here, says the same line.
+    argv = ["--resume=true", f"--config_path={step}", "--ema.power=0.6", f"--output_dir={tmp_path}/o"]
+    assert refused_in_process(argv, capsys, code=3) == f"error: {line}"

@@ -7,6 +7,8 @@ the entry point would go on and train in the test process.
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from ckpt_tools.train.cli import main
@@ -29,3 +31,15 @@ def refused_in_process(argv: list[str], capsys: pytest.CaptureFixture[str], code
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert not out
     return lines[0]
+
+
+def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """The entry point on ``argv`` as a finished-process record, for a launch that ends before any
+    process group (a dry run, a start-up refusal); a launch that went on would train in this process."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    captured = capsys.readouterr()
+    code = stopped.value.code
+    return subprocess.CompletedProcess(
+        ["ckpt-train", *argv], 0 if code is None else code if isinstance(code, int) else 1, captured.out, captured.err
+    )

@@ -34,6 +34,7 @@ from devtools.training import (
     train,
 )
 from tests.support.cli import invoke_cli
+from tests.support.train_cli import run_in_process
 
 FSDP2 = ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors", "--steps=1", "--optimizer.lr=1e-38"]
 
@@ -66,16 +67,6 @@ def damaged(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     data[-64:] = bytes(64)  # tensor data: the header still parses
     optimizer.write_bytes(bytes(data))
     return step
-
-
-def entry_point(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``ckpt-train ARGS`` through its real entry point, in this process (these launches stop before training)."""
-    from ckpt_tools.train.cli import main
-
-    with pytest.raises(SystemExit) as stopped:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["ckpt-train", *args], int(stopped.value.code or 0), out, err)
 
 
 def test_the_part_names() -> None:
@@ -171,7 +162,7 @@ def test_a_damaged_optimizer_refuses_the_resume_not_a_weights_only_start(
 ) -> None:
     """The trainer and verify-resume agree both ways: verdict equals outcome (refusals come before any
     process group, so they are asked of the entry point in this process; the weights-only start really runs)."""
-    resume = entry_point(capsys, "--resume=true", f"--config_path={damaged}", f"--output_dir={tmp_path / 'r'}")
+    resume = run_in_process(["--resume=true", f"--config_path={damaged}", f"--output_dir={tmp_path / 'r'}"], capsys)
     assert resume.returncode == 3
     assert "training_state/optimizer_state.safetensors: its content is not what the save wrote" in error_line(resume)
     judged = invoke_cli("verify-resume", str(damaged), "--skip-build")
@@ -186,7 +177,7 @@ def test_a_damaged_optimizer_refuses_the_resume_not_a_weights_only_start(
     judged = invoke_cli("verify-resume", str(damaged), "--load", "model,optimizer")
     assert judged.returncode == 1 and "FAIL  load-optimizer" in judged.stdout
     flags = [f"--checkpoint.load_from={damaged}", "--checkpoint.load=model,optimizer", f"--output_dir={tmp_path / 'b'}"]
-    both = entry_point(capsys, *TINY, *flags)
+    both = run_in_process([*TINY, *flags], capsys)
     assert both.returncode == 3
     assert error_line(both) in judged.stdout  # the line verify-resume failed the part with
 
@@ -195,20 +186,20 @@ def test_refusals_and_the_dry_run(source: Path, tmp_path: Path, capsys: pytest.C
     """Bad combinations are one line and exit 2 before anything is built; the dry run checks the load plan."""
     out = tmp_path / "new"
     flags = [*TINY, f"--checkpoint.load_from={source}", f"--output_dir={out}"]
-    unknown = entry_point(capsys, *flags, "--checkpoint.load=model,momentum")
+    unknown = run_in_process([*flags, "--checkpoint.load=model,momentum"], capsys)
     assert unknown.returncode == 2
     assert error_line(unknown) == (
         "--checkpoint.load=model,momentum: unknown part momentum (choose from model, optimizer, scheduler, scaler,"
         " rng, all)"
     )
-    both = entry_point(capsys, "--resume=true", f"--config_path={source}", f"--checkpoint.load_from={source}")
+    both = run_in_process(["--resume=true", f"--config_path={source}", f"--checkpoint.load_from={source}"], capsys)
     assert both.returncode == 2 and "--resume=true continues its own: pass one of them" in error_line(both)
-    lora = entry_point(capsys, *flags, f"--policy.path={source}", "--peft.r=4")
+    lora = run_in_process([*flags, f"--policy.path={source}", "--peft.r=4"], capsys)
     assert lora.returncode == 2 and f"pass --policy.path={source} instead" in error_line(lora)
 
-    dry = entry_point(capsys, *flags, "--dry_run=true")
+    dry = run_in_process([*flags, "--dry_run=true"], capsys)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "pass  load-plan      model from" in dry.stdout and not out.exists()
-    other = entry_point(capsys, *flags, "--policy.dim_model=16", "--dry_run=true")
+    other = run_in_process([*flags, "--policy.dim_model=16", "--dry_run=true"], capsys)
     assert other.returncode == 3 and "its weights do not fit the model" in error_line(other)
     assert not out.exists()

@@ -21,6 +21,7 @@ from ckpt_tools.resume.verify import verify_resume
 from devtools.procs import REPO
 from devtools.training import TINY, step_dir, train
 from tests.support.cli import invoke_cli
+from tests.support.train_cli import run_in_process
 
 
 def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -45,10 +46,10 @@ def test_the_load_plan_rule() -> None:
     ]
 
 
-@pytest.mark.torchrun
-def test_a_dry_run_checks_everything_and_writes_nothing(tmp_path: Path) -> None:
+def test_a_dry_run_checks_everything_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "new"
-    proc = train(*TINY, f"--output_dir={out}", "--steps=4", "--dry_run=true", timeout=120)
+    # A dry run ends before any process group: the entry point runs in this process.
+    proc = run_in_process([*TINY, f"--output_dir={out}", "--steps=4", "--dry_run=true"], capsys)
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  pass")]
     assert names == ["world", "dataset-loads", "policy-builds"]
@@ -58,7 +59,7 @@ def test_a_dry_run_checks_everything_and_writes_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.torchrun
 def test_a_dataset_of_other_sizes_is_one_line_for_the_dry_run_the_resume_and_verify(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dataset = tmp_path / "six_joints"
     made = subprocess.run(
@@ -75,7 +76,7 @@ def test_a_dataset_of_other_sizes_is_one_line_for_the_dry_run_the_resume_and_ver
     config.write_text(json.dumps(doc))
     args = ("--resume=true", f"--config_path={config}", f"--output_dir={tmp_path / 'out'}", "--steps=10")
 
-    dry = train(*args, "--dry_run=true", timeout=120)
+    dry = run_in_process([*args, "--dry_run=true"], capsys)
     real = train(*args, timeout=120)
     assert (dry.returncode, real.returncode) == (2, 2), (dry.stderr[-2000:], real.stderr[-2000:])
     line = "--policy.state_dim=14 does not match the dataset (12)"
@@ -87,7 +88,7 @@ def test_a_dataset_of_other_sizes_is_one_line_for_the_dry_run_the_resume_and_ver
 
 @pytest.mark.torchrun
 def test_weights_that_do_not_fit_the_configured_model_are_one_line_everywhere(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one_process = ("--parallelism.dp_replicate=1", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors")
     for name in ("ddp", "hsdp"):  # the gathered file (a strict load), the DCP shards
@@ -99,7 +100,7 @@ def test_weights_that_do_not_fit_the_configured_model_are_one_line_everywhere(
         args = ("--resume=true", f"--config_path={config}", f"--output_dir={tmp_path / name / 'out'}", "--steps=10")
         args += one_process if name == "hsdp" else ()
 
-        dry = train(*args, "--dry_run=true", timeout=120)
+        dry = run_in_process([*args, "--dry_run=true"], capsys)
         assert dry.returncode == 3, (name, dry.stderr[-2000:])
         if name == "ddp":  # the real resume stops on the same line (its load calls the same rule)
             real = train(*args, timeout=120)

@@ -24,8 +24,9 @@ from ckpt_tools.format import layout as L
 from ckpt_tools.format.layout import StepPaths
 from ckpt_tools.format.train_config import read_saved_config
 from ckpt_tools.resume.verify import verify_resume
-from devtools.training import step_dir, train
+from devtools.training import step_dir
 from tests.support.save_record import without_save_record
+from tests.support.train_cli import run_in_process
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -101,16 +102,21 @@ def test_the_dcp_param_groups_are_read_and_judged(runs: dict[str, Path], tmp_pat
 
 
 @pytest.mark.torchrun
-def test_the_trainer_refuses_with_the_same_line_before_any_process_group(runs: dict[str, Path], tmp_path: Path) -> None:
-    """Both ways a value can disagree: an edited file, and a changed flag on the resume command line."""
+def test_the_trainer_refuses_with_the_same_line_before_any_process_group(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both ways a value can disagree: an edited file, and a changed flag on the resume command line.
+
+    The refusal comes before any process group, so the trainer's entry point runs in this process.
+    """
     paths = edited_step(runs["ddp"], tmp_path, "weight decay")
     line = saved_hyperparameters.mismatch(paths, settings(paths))
     args = ("--resume=true", f"--config_path={paths.train_config}", f"--output_dir={tmp_path / 'out'}", "--steps=10")
-    proc = train(*args, nproc=1, timeout=120)
+    proc = run_in_process(list(args), capsys)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert [x for x in proc.stderr.splitlines() if x.strip()] == [f"error: {line}"], proc.stderr
 
     fsdp = StepPaths(step_dir(runs["fsdp"], 8))
-    proc = train(*args[:1], f"--config_path={fsdp.train_config}", *args[2:], "--optimizer.lr=0.5", nproc=1, timeout=120)
+    proc = run_in_process([args[0], f"--config_path={fsdp.train_config}", *args[2:], "--optimizer.lr=0.5"], capsys)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "base_lrs 0.001, the config's --optimizer.lr is 0.5" in proc.stderr, proc.stderr

@@ -22,6 +22,7 @@ from ckpt_tools.resume.verify import verify_resume
 from devtools.training import FIXTURE_DATASET, TINY, step_dir, train
 from tests.support.run_copy import copy_run
 from tests.support.save_record import without_save_record
+from tests.support.train_cli import run_in_process
 
 pytest.importorskip("torch")
 
@@ -107,13 +108,17 @@ def test_resuming_a_copied_run_leaves_the_original_alone(runs: dict[str, Path], 
     assert fingerprint(original) == before
 
 
-def test_a_checkpoint_whose_parts_are_from_different_steps_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_checkpoint_whose_parts_are_from_different_steps_is_refused(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = copy_run(runs["ddp"], tmp_path / "run")
     record = step_dir(run, 8) / "training_state" / "training_step.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "step": 0}))  # the reported case
     without_save_record(step_dir(run, 8))  # the step counters refuse it on their own (a LeRobot-like copy)
     before = fingerprint(run)
-    proc = train("--resume=true", f"--config_path={run / 'checkpoints' / 'last'}")
+    proc = run_in_process(
+        ["--resume=true", f"--config_path={run / 'checkpoints' / 'last'}"], capsys
+    )  # before any process group
     lines = error_lines(proc.stderr)
     assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"error: {record}: step 0, in step directory 000008")
@@ -121,10 +126,12 @@ def test_a_checkpoint_whose_parts_are_from_different_steps_is_refused(runs: dict
     assert fingerprint(run) == before  # nothing re-saved over 000004 and 000008
 
 
-def test_a_resume_from_an_older_step_refuses_to_save_over_newer_ones(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_resume_from_an_older_step_refuses_to_save_over_newer_ones(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = copy_run(runs["ddp"], tmp_path / "run")
     before = fingerprint(run)
-    proc = train("--resume=true", f"--config_path={step_dir(run, 4)}")
+    proc = run_in_process(["--resume=true", f"--config_path={step_dir(run, 4)}"], capsys)  # before any process group
     lines = error_lines(proc.stderr)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"error: --output_dir={run}: holds checkpoints after step 4 (000008)")

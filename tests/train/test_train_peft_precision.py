@@ -24,10 +24,9 @@ LORA = ["--peft.method_type=LORA", "--peft.r=4", "--optimizer.lr=5e-3"]
 
 
 @pytest.fixture(scope="module")
-def base_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "run"
-    ok(train(*TINY, "--steps=2", "--save_freq=2", f"--output_dir={out}"))
-    return step_dir(out, 2) / "pretrained_model"
+def base_policy(runs: dict[str, Path]) -> Path:
+    """The full policy the adapters train on: the session's DDP run's last weights (TINY's policy)."""
+    return step_dir(runs["ddp"], 8) / "pretrained_model"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from devtools import test_durations
 from devtools.procs import IN_PROCESS_ONLY_ENV, REPO
 from devtools.training import FIXTURE_LAYOUTS, LAYOUTS, RUN, ok, train
 from tests.fakes.hub.server import HubServer
@@ -25,8 +24,6 @@ from tests.support.dcp_fixtures import write_checkpoints
 from tests.support.hub_fixtures import HUB_ORG, HUB_USER, HubEndpoint, hub_process_env, new_token
 from tests.support.lanes import starts_jobs
 from tests.support.shared import shared_dir, shared_dirs
-
-UNMEASURED_JOB_FILE_S = 30.0  # a file that starts jobs but is not in tests/durations.json yet
 
 
 def _private_cache() -> None:
@@ -63,18 +60,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("torchrun") is None and starts_jobs(item):
             item.add_marker(pytest.mark.torchrun)
-    # The longest files first (their last measured seconds, devtools/test_durations.py), so that
-    # under xdist (one file per worker) no long file is left for the end while the other worker
-    # idles, and the quick in-process files fill the last gaps of both workers. A file not
-    # measured yet counts as a typical job-starting file, or as a quick one.
-    recorded = test_durations.load()
+    # Files that start jobs first, so that under xdist (one file per worker) the long ones are
+    # not left for the end and the quick in-process files fill the last gaps of both workers.
     slow_files = {item.path for item in items if item.get_closest_marker("torchrun") is not None}
-
-    def seconds(path: Path) -> float:
-        default = UNMEASURED_JOB_FILE_S if path in slow_files else 0.0
-        return recorded.get(path.relative_to(REPO).as_posix(), default)
-
-    items.sort(key=lambda item: -seconds(item.path))
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.hookimpl(tryfirst=True)

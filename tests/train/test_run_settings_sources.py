@@ -18,35 +18,11 @@ from ckpt_tools.format.train_config import SavedConfig, read_saved_config, top_l
 from ckpt_tools.train.config import TrainConfig, train_config_dict
 from ckpt_tools.train.parsing import flag_names, parse_train_config
 from devtools.training import TINY
+from tests.support.train_cli import RULE_SETTINGS
 
 EVERY_SETTING = [
-    "--steps=9",
+    *RULE_SETTINGS,
     "--seed=7",
-    "--batch_size=4",
-    "--save_freq=6",
-    "--log_freq=3",
-    "--collective_timeout_s=30",
-    "--accelerator.gradient_accumulation.steps=2",
-    "--checkpoint_format=dcp",
-    "--optimizer.lr=3e-4",
-    "--scheduler.type=constant",
-    "--accelerator.mixed_precision=fp16",
-    '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]',
-    r"--accelerator.fsdp.ignored_modules=encoder\..*",
-    "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16",
-    "--accelerator.fsdp.mixed_precision_policy.cast_forward_inputs=false",
-    "--parallelism.dp_replicate=2",
-    "--parallelism.dp_shard=-1",
-    "--optimizer.weight_decay=0.01",
-    "--optimizer.betas=[0.8,0.99]",
-    "--optimizer.eps=1e-6",
-    "--optimizer.grad_clip_norm=0",
-    "--scheduler.warmup_steps=3",
-    "--scheduler.min_lr_ratio=0.2",
-    "--policy.dropout=0.0",
-    "--max_nonfinite_steps=2",
-    "--checkpoint.keep_last_n=3",
-    "--checkpoint.last_link=file",
     "--checkpoint.load=model,optimizer",
     "--ema.enable=true",
     "--ema.decay=0.99",

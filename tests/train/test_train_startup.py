@@ -23,7 +23,7 @@ from ckpt_tools.train.policies.registry import make_policy
 from devtools.procs import launch_env
 from devtools.training import FIXTURE_DATASET, TINY, ok, script, train
 from tests.support.run_copy import copy_run
-from tests.support.train_cli import exits_in_process, refused_in_process
+from tests.support.train_cli import RULE_SETTINGS, exits_in_process, refused_in_process
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -271,36 +271,7 @@ def test_a_saved_policy_is_not_republished_to_its_repo(tmp_path: Path) -> None:
 
 def test_the_trainer_checks_what_its_train_config_json_says(tmp_path: Path) -> None:
     """Every setting the start-up rules look at reaches them from the flags, through the saved form."""
-    flags = [
-        "--steps=9",
-        "--batch_size=4",
-        "--save_freq=6",
-        "--log_freq=3",
-        "--collective_timeout_s=30",
-        "--accelerator.gradient_accumulation.steps=2",
-        "--checkpoint_format=dcp",
-        "--optimizer.lr=3e-4",
-        "--scheduler.type=constant",
-        "--accelerator.mixed_precision=fp16",
-        '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]',
-        r"--accelerator.fsdp.ignored_modules=encoder\..*",
-        "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16",
-        "--accelerator.fsdp.mixed_precision_policy.cast_forward_inputs=false",
-        "--peft.method_type=lora",
-        "--peft.r=4",
-        "--parallelism.dp_replicate=2",
-        "--parallelism.dp_shard=-1",
-        "--optimizer.weight_decay=0.01",
-        "--optimizer.betas=[0.8,0.99]",
-        "--optimizer.eps=1e-6",
-        "--optimizer.grad_clip_norm=0",
-        "--scheduler.warmup_steps=3",
-        "--scheduler.min_lr_ratio=0.2",
-        "--policy.dropout=0.0",
-        "--max_nonfinite_steps=2",
-        "--checkpoint.keep_last_n=3",
-        "--checkpoint.last_link=file",
-    ]
+    flags = [*RULE_SETTINGS, "--peft.method_type=lora", "--peft.r=4"]
     cfg, _ = parse_train_config([*TINY, *flags, f"--output_dir={tmp_path}"])
     assert cfg.run_settings() == RunSettings(
         steps=9,
